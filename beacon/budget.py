@@ -1,0 +1,138 @@
+"""Per-query resource caps (tokens, money, wall time) and the money -> ``c`` conversion.
+
+BEACON's own cost ``c`` prices each sample in reward units (the objective is
+``E[z_K - c K]``). A :class:`Budget` adds hard caps on top: when a query's spend reaches a cap,
+sampling ends with ``stop_reason="budget"`` and samples still in flight are cancelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from beacon.errors import ConfigError
+
+__all__ = ["Budget", "cost_from_price"]
+
+
+def _check_nonneg(name: str, v: Any, *, positive: bool = False) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ConfigError(name, v, "must be a finite number")
+    if v < 0 or (positive and v == 0):
+        raise ConfigError(name, v, "must be > 0" if positive else "must be >= 0")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Hard per-query caps; ``None`` means uncapped.
+
+    Attributes:
+        max_tokens: input + output tokens reported by the model, summed over the query's calls.
+        max_cost: money (currency of the prices) spent on the query.
+        max_seconds: wall-clock seconds from the query's start (queueing included).
+        price_per_input_token / price_per_output_token: money per token, used to price a
+            generation that reports tokens but no cost of its own.
+
+    The token and money caps are checked whenever a sample finishes: the sample that crosses a
+    cap is kept (it was paid for), the others in flight are cancelled. The time cap is a
+    deadline: at it, every sample in flight is cancelled.
+    """
+
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    max_seconds: float | None = None
+    price_per_input_token: float = 0.0
+    price_per_output_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        mt = self.max_tokens
+        if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt <= 0):
+            raise ConfigError("max_tokens", mt, "must be a positive integer or None")
+        _check_nonneg("max_cost", self.max_cost, positive=True)
+        _check_nonneg("max_seconds", self.max_seconds, positive=True)
+        _check_nonneg("price_per_input_token", self.price_per_input_token)
+        _check_nonneg("price_per_output_token", self.price_per_output_token)
+
+    def price(self, input_tokens: int | None, output_tokens: int | None) -> float | None:
+        """Money for a call reporting these tokens; ``None`` when no price or no tokens."""
+        if not (self.price_per_input_token or self.price_per_output_token):
+            return None
+        if input_tokens is None and output_tokens is None:
+            return None
+        return (input_tokens or 0) * self.price_per_input_token + (
+            output_tokens or 0
+        ) * self.price_per_output_token
+
+    def exceeded(self, tokens: int, cost: float | None) -> bool:
+        """Has a query that spent ``tokens`` and ``cost`` reached a token or money cap?"""
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return True
+        return self.max_cost is not None and cost is not None and cost >= self.max_cost
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "max_cost": self.max_cost,
+            "max_seconds": self.max_seconds,
+            "price_per_input_token": self.price_per_input_token,
+            "price_per_output_token": self.price_per_output_token,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Budget:
+        return cls(**data)
+
+
+def cost_from_price(
+    price_per_token: float | None = None,
+    tokens_per_sample: float | None = None,
+    value_per_reward_unit: float | None = None,
+    *,
+    price_per_1k_tokens: float | None = None,
+    price_per_1m_tokens: float | None = None,
+    extra_cost_per_sample: float = 0.0,
+) -> float:
+    """BEACON's sampling cost ``c`` (reward units per sample) from money.
+
+    Paper appendix "Cost Parameter Calibration": ``c`` is proportional to
+    ($/token) x (tokens per sample); dividing by what one reward unit is worth makes it a
+    reward-unit quantity::
+
+        c = (price_per_token * tokens_per_sample + extra_cost_per_sample) / value_per_reward_unit
+
+    Units: prices in money per token (or per 1,000 / 1,000,000 tokens via the keyword
+    alternatives; give exactly one), ``tokens_per_sample`` in tokens (prompt + completion as
+    billed), ``extra_cost_per_sample`` in money (e.g. one reward-model call), and
+    ``value_per_reward_unit`` in money per unit of reward. Example from the paper: a sample
+    costing $0.01 with one reward unit worth $0.10 gives ``c = 0.1`` -- stop when the expected
+    gain of one more sample is worth less than the $0.01 it costs.
+    """
+    prices = (price_per_token, price_per_1k_tokens, price_per_1m_tokens)
+    given = [p for p in prices if p is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            "price_per_token",
+            price_per_token,
+            "give exactly one of price_per_token, price_per_1k_tokens, price_per_1m_tokens",
+        )
+    if price_per_token is not None:
+        per_token = _check_nonneg("price_per_token", price_per_token)
+    elif price_per_1k_tokens is not None:
+        per_token = (_check_nonneg("price_per_1k_tokens", price_per_1k_tokens) or 0.0) / 1e3
+    else:
+        per_token = (_check_nonneg("price_per_1m_tokens", price_per_1m_tokens) or 0.0) / 1e6
+    tokens = _check_nonneg("tokens_per_sample", tokens_per_sample)
+    if tokens is None:
+        raise ConfigError("tokens_per_sample", tokens_per_sample, "is required")
+    value = _check_nonneg("value_per_reward_unit", value_per_reward_unit, positive=True)
+    if value is None:
+        raise ConfigError("value_per_reward_unit", value_per_reward_unit, "is required")
+    extra = _check_nonneg("extra_cost_per_sample", extra_cost_per_sample) or 0.0
+    c = ((per_token or 0.0) * tokens + extra) / value
+    if c <= 0:
+        raise ConfigError("price_per_token", price_per_token, "gives c = 0; c must be > 0")
+    return c

@@ -1,0 +1,587 @@
+"""Helpers shared by the ``beacon`` commands: loading logs, priors and transforms, errors, progress.
+
+Exit codes (:data:`EXIT_OK`, :data:`EXIT_FAILURE`, :data:`EXIT_USAGE`):
+
+* ``0`` success;
+* ``1`` failure: the inputs were accepted but the work failed (a malformed line in a log, a prior
+  file that is not valid JSON, a reward outside the family's support, an I/O error);
+* ``2`` usage: the command line itself is wrong (unknown option, a missing input file, an invalid
+  ``--cost``, an unknown ``--family`` or transform kind), reported by click with the usage line.
+
+Other commands (``beacon.cli.jobs``, ``beacon.cli.priors``) may use these helpers too.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from beacon.config import BeaconConfig
+from beacon.errors import BeaconError, ConfigError
+from beacon.evaluation import (
+    DEFAULT_FOLDS,
+    FIT_TRANSFORMS,
+    CrossFit,
+    LogFormatError,
+    LoggedRewards,
+    cross_fit,
+    load_logged,
+)
+from beacon.priors import Prior, prior_from_dict
+from beacon.transforms import RewardTransform, make_transform, transform_from_dict
+
+__all__ = [
+    "DEFAULT_HORIZON",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "PRIOR_DEFAULT",
+    "PRIOR_FIT",
+    "LogSetup",
+    "build_config",
+    "check_input_file",
+    "err_console",
+    "fail",
+    "guarded",
+    "load_log",
+    "load_prior_file",
+    "log_setup",
+    "option_error",
+    "options_for",
+    "out_console",
+    "parse_transform",
+    "progress_bar",
+    "resolve_prior_and_transform",
+    "spinner",
+    "usage_error",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+# Horizon used when --horizon is not given: the design's default n, or fewer if the log is shorter.
+DEFAULT_HORIZON = 32
+
+out_console = Console(highlight=False, soft_wrap=True)
+# soft_wrap: error lines stay whole (grep-able "file:line: reason"), whatever the terminal width.
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# Which command-line option each config field comes from, so a ConfigError is reported against
+# the option the user typed.
+_OPTION_OF_FIELD = {
+    "cost": "--cost",
+    "horizon": "--horizon",
+    "family": "--family",
+    "batch_size": "--batch-size",
+    "robust_quantile": "--robust-quantile",
+    "prior": "--prior",
+    "transform": "--transform",
+    "folds": "--folds",
+    "crossfit": "--prior",
+    "target_samples": "--target-samples",
+    "max_quality_loss": "--max-quality-loss",
+    "quality": "--quality",
+    "points": "--points",
+}
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with :data:`EXIT_FAILURE`."""
+    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    raise typer.Exit(EXIT_FAILURE)
+
+
+def usage_error(message: str, option: str | None = None) -> NoReturn:
+    """Report a command-line mistake through click (usage line, exit :data:`EXIT_USAGE`)."""
+    raise typer.BadParameter(message, param_hint=f"'{option}'" if option else None)
+
+
+def _option_for(field: str) -> str | None:
+    base = field.split(".")[0].split("[")[0]
+    return _OPTION_OF_FIELD.get(base)
+
+
+def option_error(exc: ConfigError, option: str) -> NoReturn:
+    """``exc`` (a bad value) as a usage error on ``option``: ``'value': reason``, exit 2."""
+    usage_error(f"{exc.value!r}: {exc.reason}", option)
+
+
+def config_error(exc: ConfigError) -> NoReturn:
+    """A ConfigError from command-line values is a usage error on the option that set it."""
+    option = _option_for(exc.field)
+    if option is None:
+        fail(str(exc))
+    option_error(exc, option)
+
+
+def guarded(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn BEACON errors raised inside a command into clean messages and exit codes.
+
+    Log-format errors and other BEACON errors exit 1; config errors tied to an option exit 2.
+    Unexpected exceptions propagate (a traceback is a bug report, not a user error).
+    """
+
+    @wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except LogFormatError as exc:
+            fail(str(exc))
+        except ConfigError as exc:
+            config_error(exc)
+        except BeaconError as exc:
+            fail(str(exc))
+        except OSError as exc:
+            fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+
+    return wrapper
+
+
+def options_for(
+    fn: Callable[..., Any],
+    values: Mapping[str, Any],
+    *,
+    exhaustive: bool = False,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """The keyword-only arguments of ``fn`` that a command passes through unchanged.
+
+    ``values`` is the command's ``locals()``: every keyword-only parameter of ``fn`` named like
+    one of the command's options takes that option's value, so a command forwards its option
+    set (e.g. the config options of ``run`` and ``submit``) without spelling it out twice.
+    ``overrides`` win; a parameter with neither keeps ``fn``'s default, unless ``exhaustive``:
+    then it is a TypeError (a command that lost an option is a bug, not a silent default).
+    """
+    names = [
+        name
+        for name, param in inspect.signature(fn).parameters.items()
+        if param.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    out = {name: values[name] for name in names if name in values}
+    out.update(overrides)
+    missing = [name for name in names if name not in out]
+    if exhaustive and missing:
+        raise TypeError(f"{fn.__name__}: the command has no option for {', '.join(missing)}")
+    return out
+
+
+def check_input_file(path: Path, argument: str) -> None:
+    """A missing input file or a directory is a usage error on ``argument`` (exit 2)."""
+    if not path.exists():
+        usage_error(f"file {str(path)!r} does not exist", argument)
+    if path.is_dir():
+        usage_error(f"{str(path)!r} is a directory, not a JSONL file", argument)
+
+
+def load_log(path: Path) -> LoggedRewards:
+    """Load LOGGED.jsonl: a missing file is a usage error, a malformed line a failure (line no.)."""
+    check_input_file(path, "LOGGED")
+    try:
+        with spinner(f"reading {path.name}"):
+            return load_logged(path)
+    except LogFormatError as exc:
+        fail(str(exc))
+
+
+def _read_json(path: Path, option: str) -> Any:
+    if not path.exists():
+        usage_error(f"file {str(path)!r} does not exist", option)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        fail(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno})")
+    except UnicodeDecodeError:
+        fail(f"{path}: not a UTF-8 text file")
+
+
+def load_prior_file(path: Path) -> tuple[Prior, RewardTransform | None]:
+    """Read a prior file: ``{"prior": {...}, "transform": {...} | null}`` or a bare prior dict.
+
+    The first form is what ``beacon fit-prior`` writes; the transform (if any) was fitted
+    together with the prior and is returned with it.
+    """
+    data = _read_json(path, "--prior")
+    if not isinstance(data, dict):
+        fail(f"{path}: a prior file must hold a JSON object, got {type(data).__name__}")
+    tr: RewardTransform | None = None
+    prior_obj: Any = data
+    if "prior" in data:
+        prior_obj = data["prior"]
+        if data.get("transform") is not None:
+            try:
+                tr = transform_from_dict(data["transform"])
+            except ConfigError as exc:
+                fail(f"{path}: 'transform': {exc}")
+    try:
+        return prior_from_dict(prior_obj), tr
+    except ConfigError as exc:
+        fail(f"{path}: 'prior': {exc}")
+
+
+def parse_transform(spec: str) -> RewardTransform | None:
+    """``--transform``: a kind name (``logit``, ``none``) or a JSON file holding a transform.
+
+    The file may be a bare transform (``{"kind": ...}``) or a fit-prior output
+    (``{"prior": ..., "transform": {...}}``).
+    """
+    path = Path(spec)
+    if spec.endswith(".json") or path.is_file():
+        data = _read_json(path, "--transform")
+        if isinstance(data, dict) and "kind" not in data and "transform" in data:
+            data = data["transform"]
+        if data is None:
+            return None
+        try:
+            return transform_from_dict(data)
+        except ConfigError as exc:
+            fail(f"{path}: {exc}")
+    try:
+        return make_transform(spec)
+    except ConfigError as exc:
+        usage_error(f"{spec!r}: {exc.reason}", "--transform")
+
+
+def resolve_prior_and_transform(
+    prior_path: Path | None, transform_spec: str | None
+) -> tuple[Prior | None, RewardTransform | None, list[str]]:
+    """The prior and transform to use, and notes saying where each came from.
+
+    An explicit ``--transform`` (``none`` included) overrides a transform stored in the prior
+    file; otherwise the stored one is used, because the prior was fitted on transformed rewards.
+    """
+    notes: list[str] = []
+    prior: Prior | None = None
+    stored: RewardTransform | None = None
+    if prior_path is not None:
+        prior, stored = load_prior_file(prior_path)
+    if transform_spec is not None:
+        tr = parse_transform(transform_spec)
+        if stored is not None and tr != stored:
+            notes.append(f"--transform overrides the transform stored in {prior_path}")
+        return prior, tr, notes
+    if stored is not None:
+        notes.append(f"using the {stored.kind} transform stored with the prior in {prior_path}")
+    return prior, stored, notes
+
+
+def build_config(**kwargs: Any) -> BeaconConfig:
+    """``BeaconConfig(**kwargs)``; an invalid value is a usage error on its option."""
+    try:
+        return BeaconConfig(**kwargs)
+    except ConfigError as exc:
+        config_error(exc)
+
+
+def _progress(*columns: Any) -> Progress:
+    # Only on a terminal: in pipes, CI logs and CliRunner a live display is noise on stderr.
+    return Progress(
+        *columns, console=err_console, transient=True, disable=not err_console.is_terminal
+    )
+
+
+@contextmanager
+def progress_bar(description: str, total: int) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr; yields ``update(done, total)``."""
+    with _progress(
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ) as prog:
+        task = prog.add_task(description, total=total)
+
+        def update(done: int, new_total: int) -> None:
+            prog.update(task, completed=done, total=new_total)
+
+        yield update
+
+
+@contextmanager
+def spinner(description: str) -> Iterator[None]:
+    """A transient spinner with elapsed time on stderr, for work of unknown length."""
+    with _progress(
+        SpinnerColumn(), TextColumn("[progress.description]{task.description}"), TimeElapsedColumn()
+    ) as prog:
+        prog.add_task(description, total=None)
+        yield
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """Yields a one-element list that holds the elapsed seconds once the block ends."""
+    box = [0.0]
+    t0 = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box[0] = time.perf_counter() - t0
+
+
+# -- options shared by replay and tune -------------------------------------------------------
+LoggedArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="LOGGED",
+        help="JSONL log: one line per prompt with its 'rewards' in the order drawn "
+        "(optional per-sample 'correct' labels).",
+        show_default=False,
+    ),
+]
+HorizonOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--horizon",
+        "-n",
+        help=f"Maximum samples per prompt [default: {DEFAULT_HORIZON}, or the samples every "
+        "prompt has if fewer]. Capped at the samples every prompt has.",
+        show_default=False,
+    ),
+]
+FamilyOpt = Annotated[
+    str,
+    typer.Option(
+        "--family",
+        help="Reward family: normal, or bernoulli (uses the 'correct' labels as 0/1 rewards).",
+    ),
+]
+BatchOpt = Annotated[
+    int, typer.Option("--batch-size", "-b", help="Samples per decision after the first k0.")
+]
+RobustOpt = Annotated[
+    bool,
+    typer.Option(
+        "--robust/--no-robust", help="Robust update: low outliers update as if they were the mean."
+    ),
+]
+PriorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prior",
+        help="'fit': an empirical-Bayes prior cross-fitted on the log (each fold's prompts "
+        "replayed with the prior fitted on the other folds; c then in per-prompt sd units); "
+        "'default' (or 'jeffreys'): the family's default prior; or a prior JSON file as "
+        "written by 'beacon fit-prior' (a transform stored with it is used too).",
+        show_default=False,
+    ),
+]
+TransformOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--transform",
+        help="Reward transform before the update: 'gaussianize' (fitted per fold; needs "
+        "--prior fit), 'logit', 'none', or a JSON file [default with --prior fit: gaussianize "
+        "for the normal family].",
+        show_default=False,
+    ),
+]
+FoldsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--folds",
+        help=f"Folds of the cross-fitting with --prior fit [default: {DEFAULT_FOLDS}; fixed seed].",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead.")]
+
+
+def check_family(family: str) -> str:
+    """``--family`` must name a registered reward family (usage error listing them otherwise)."""
+    from beacon.families import available_families
+
+    known = available_families()
+    if family not in known:
+        usage_error(
+            f"{family!r} is not a reward family; choose from {', '.join(known)}", "--family"
+        )
+    return family
+
+
+PRIOR_FIT = "fit"
+PRIOR_DEFAULT = "default"
+# Accepted spellings of "the family's default prior" (Jeffreys for normal, Beta(1, 1) otherwise).
+_DEFAULT_PRIOR_WORDS = ("default", "jeffreys")
+# Families whose prior beacon.fitting can fit.
+_FIT_FAMILIES = ("normal", "bernoulli", "judge")
+
+
+@dataclass(frozen=True)
+class LogSetup:
+    """What ``replay`` / ``tune`` run: a config, maybe a cross-fitted prior, and notes.
+
+    ``crossfit`` is None unless ``--prior fit``; then ``config``'s own prior and transform are
+    the family defaults (unused by the replay) and costs are in per-prompt standardized units.
+    """
+
+    config: BeaconConfig
+    crossfit: CrossFit | None
+    notes: list[str]
+    transform_spec: str  # what --prior fit fitted with: gaussianize | logit | none | a path
+
+
+def prior_mode(prior: str | None, default: str) -> str:
+    """``fit``, ``default`` or ``file`` for a ``--prior`` value (None: ``default``)."""
+    spec = default if prior is None else prior
+    if spec == PRIOR_FIT:
+        return PRIOR_FIT
+    if spec.lower() in _DEFAULT_PRIOR_WORDS:
+        return PRIOR_DEFAULT
+    return "file"
+
+
+def log_setup(
+    data: LoggedRewards,
+    *,
+    cost: float,
+    horizon: int | None,
+    family: str,
+    batch_size: int,
+    robust: bool,
+    prior: str | None,
+    transform: str | None,
+    folds: int | None,
+    default_prior: str = PRIOR_DEFAULT,
+) -> LogSetup:
+    """Resolve ``--prior`` / ``--transform`` / ``--folds`` into what replay/tune run.
+
+    Without ``--horizon`` the horizon is ``min(DEFAULT_HORIZON, samples every prompt has)``;
+    the notes say what was resolved (a prior file's transform, for one).
+
+    ``--prior fit`` cross-fits (:func:`beacon.evaluation.cross_fit`, ``--folds`` folds, fixed
+    seed); its transform defaults to ``gaussianize`` for ``normal`` and ``none`` otherwise.
+    ``--prior default|jeffreys`` is the family default; anything else is a prior file.
+    Bad values are usage errors naming the option and the value.
+    """
+    check_family(family)
+    mode = prior_mode(prior, default_prior)
+    if mode == PRIOR_FIT:
+        fitted_with, spec, k = _fit_options(data, family, transform, folds)
+    else:
+        if folds is not None:
+            usage_error(f"{folds}: --folds is only used with --prior fit", "--folds")
+        if transform is not None and transform == "gaussianize":
+            usage_error(
+                "'gaussianize' is fitted from the log: use it with --prior fit (cross-fitted), "
+                "or pass the JSON file written by 'beacon fit-prior --transform gaussianize'",
+                "--transform",
+            )
+        spec = "none" if transform is None else transform
+    # With --prior fit the config keeps the family defaults: each fold's fit replaces them.
+    prior_obj, tr, notes = resolve_prior_and_transform(
+        None if mode in (PRIOR_FIT, PRIOR_DEFAULT) else Path(str(prior)),
+        None if mode == PRIOR_FIT else transform,
+    )
+    fam_data = data.for_family(family)  # a bernoulli log without labels fails here
+    if horizon is None:
+        horizon = min(DEFAULT_HORIZON, fam_data.min_samples)
+    cfg = build_config(
+        cost=cost,
+        horizon=horizon,
+        family=family,
+        batch_size=batch_size,
+        robust=robust,
+        prior=prior_obj,
+        transform=tr,
+    )
+    if mode != PRIOR_FIT:
+        return LogSetup(cfg, None, notes, spec)
+    with spinner(f"fitting the prior on {k} folds"):
+        cf = cross_fit(data, family, fitted_with, k)
+    return LogSetup(cfg, cf, notes, spec)
+
+
+def _fit_options(
+    data: LoggedRewards, family: str, transform: str | None, folds: int | None
+) -> tuple[str | RewardTransform | None, str, int]:
+    """Check ``--family`` / ``--transform`` / ``--folds`` for ``--prior fit``.
+
+    Returns what :func:`beacon.evaluation.cross_fit` fits with (a kind or a transform loaded
+    from JSON), the ``--transform`` spelling, and the number of folds.
+    """
+    if family not in _FIT_FAMILIES:
+        usage_error(
+            f"{family!r}: --prior fit supports the {', '.join(_FIT_FAMILIES)} families", "--family"
+        )
+    spec = transform if transform is not None else ("gaussianize" if family == "normal" else "none")
+    fitted_with: str | RewardTransform | None
+    if spec in FIT_TRANSFORMS:
+        fitted_with = spec
+    elif spec.endswith(".json") or Path(spec).is_file():
+        fitted_with = parse_transform(spec)
+    else:
+        usage_error(
+            f"{spec!r}: choose from {', '.join(FIT_TRANSFORMS)} or a transform JSON file",
+            "--transform",
+        )
+    if family != "normal" and spec != "none":
+        usage_error(f"{spec!r}: the {family} family takes raw rewards", "--transform")
+    k = DEFAULT_FOLDS if folds is None else folds
+    n_prompts = data.for_family(family).n_prompts
+    if not 2 <= k <= n_prompts:
+        usage_error(f"{k}: need 2 <= folds <= {n_prompts} (the prompts in the log)", "--folds")
+    return fitted_with, spec, k
+
+
+def horizon_note(requested: int | None, cfg: BeaconConfig, data: LoggedRewards) -> list[str]:
+    """Say so when the horizon was capped at the samples every prompt has."""
+    if requested is None:
+        return []
+    short = int((data.counts < requested).sum())
+    return [
+        f"horizon capped at {cfg.horizon} (asked for {requested}): {short} of {data.n_prompts} "
+        f"prompts have fewer than {requested} logged samples (the shortest has "
+        f"{data.min_samples}), and best-of-N needs N samples from every prompt"
+    ]
+
+
+def print_notes(notes: list[str]) -> None:
+    for n in notes:
+        err_console.print(f"[yellow]note:[/] {n}", markup=True, highlight=False)
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """A metric for a table cell ('-' for None)."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def warm_up(data: LoggedRewards, cfg: BeaconConfig, crossfit: CrossFit | None = None) -> None:
+    """Load (or build) the h-index table(s) and compile the replay kernels under a spinner.
+
+    The first run on a machine compiles the numba kernels and may build a table (one per fitted
+    prior with ``crossfit``: the table depends on ``(alpha0, nu0)``); without this the sweep's
+    progress bar would sit at 0 for that long with no explanation.
+    """
+    from beacon.replay import replay
+
+    fam = data.for_family(cfg.family)
+    horizon = min(cfg.horizon, fam.min_samples)
+    cfgs = [cfg]
+    if crossfit is not None:
+        cfgs = [crossfit.fold_config(f, cfg) for f in range(crossfit.n_folds)]
+    what = "table" if len(cfgs) == 1 else f"tables of the {len(cfgs)} fitted priors"
+    with spinner(f"loading the h-index {what} (n={horizon}); the first run compiles kernels"):
+        for c in cfgs:
+            replay(fam.rewards[:1, :horizon], c.replace(horizon=max(horizon, c.k0 + 1)))

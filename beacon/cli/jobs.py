@@ -1,0 +1,820 @@
+"""``beacon run | submit | status | collect | worker``: bulk jobs, in-process or on Celery.
+
+``run`` is the default, no-server path (:mod:`beacon.jobs.local`); ``submit`` / ``status`` /
+``collect`` / ``worker`` drive the Celery tier (``worker/``). Celery and redis are imported
+inside the commands only, so ``beacon --help`` stays fast.
+
+Exit codes: 0 every prompt done and ok; 1 some prompts failed, the run was interrupted (rerun
+to resume) or a job is unfinished; 2 usage error (bad option, missing file, unknown job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from beacon.cli.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    build_config,
+    check_family,
+    check_input_file,
+    err_console,
+    fail,
+    guarded,
+    option_error,
+    options_for,
+    out_console,
+    print_notes,
+    resolve_prior_and_transform,
+    usage_error,
+)
+from beacon.config import BeaconConfig
+from beacon.errors import ConfigError
+from beacon.jobs.spec import FactorySpec, JobInputError, JobSpec, parse_allow_list
+
+__all__ = ["build_job_spec", "register"]
+
+# -- shared options -------------------------------------------------------------------------------
+PromptsArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="PROMPTS",
+        help="JSONL file, one prompt per line: "
+        '{"id": ..., "prompt": ..., "reference": ..., "metadata": {...}}.',
+        show_default=False,
+    ),
+]
+GeneratorOpt = Annotated[
+    str,
+    typer.Option(
+        "--generator", "-g", help="Generator factory 'package.module:factory'.", show_default=False
+    ),
+]
+ScorerOpt = Annotated[
+    str,
+    typer.Option(
+        "--scorer", "-s", help="Scorer factory 'package.module:factory'.", show_default=False
+    ),
+]
+GenKwOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--generator-kwargs",
+        help="JSON object (or @file.json) of keyword arguments for the generator factory.",
+        show_default=False,
+    ),
+]
+ScoKwOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scorer-kwargs",
+        help="JSON object (or @file.json) of keyword arguments for the scorer factory.",
+        show_default=False,
+    ),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="BeaconConfig JSON (BeaconConfig.to_dict()); the options below override its fields.",
+        show_default=False,
+    ),
+]
+CostOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--cost",
+        "-c",
+        help="Cost c per sample in (transformed) reward units [default: 0.1].",
+        show_default=False,
+    ),
+]
+HorizonOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--horizon", "-n", help="Maximum samples per prompt [default: 32].", show_default=False
+    ),
+]
+FamilyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--family", help="Reward family: normal or bernoulli [default: normal].", show_default=False
+    ),
+]
+BatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        "-b",
+        help="Samples per decision after the first k0 [default: 1].",
+        show_default=False,
+    ),
+]
+RobustOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--robust/--no-robust",
+        help="Robust update of low outliers [default: on].",
+        show_default=False,
+    ),
+]
+PriorOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--prior",
+        help="Prior JSON (from 'beacon fit-prior'); a transform stored with it is used too.",
+        show_default=False,
+    ),
+]
+TransformOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--transform", help="Reward transform: 'logit', 'none', or a JSON file.", show_default=False
+    ),
+]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout", help="Seconds per model/scorer call attempt [default: 60].", show_default=False
+    ),
+]
+AttemptsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-attempts",
+        help="Attempts per call, retries with backoff included [default: 3].",
+        show_default=False,
+    ),
+]
+MaxSecondsOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-seconds",
+        help="Wall-time cap per prompt; stops with 'budget' and keeps the best so far.",
+        show_default=False,
+    ),
+]
+MaxTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-tokens", help="Token cap per prompt (as reported by the model).", show_default=False
+    ),
+]
+CandidatesOpt = Annotated[
+    bool, typer.Option("--candidates", help="Write every candidate and its reward to the output.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON summary.")]
+OutOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out",
+        "-o",
+        help="Output JSONL (one line per prompt; existing lines are kept and skipped).",
+        show_default=False,
+    ),
+]
+DpoOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--dpo",
+        help="DPO pairs JSONL (prompt, chosen, rejected, margin); "
+        "prompts whose rewards are all equal are skipped.",
+        show_default=False,
+    ),
+]
+
+
+def _kwargs(text: str | None, option: str) -> dict[str, Any]:
+    if text is None or not text.strip():
+        return {}
+    src = text
+    if text.startswith("@"):
+        p = Path(text[1:])
+        if not p.is_file():
+            usage_error(f"file {str(p)!r} does not exist", option)
+        src = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(src)
+    except json.JSONDecodeError as exc:
+        usage_error(f"not valid JSON ({exc.msg}, column {exc.colno}): {text[:80]!r}", option)
+    if not isinstance(data, dict):
+        usage_error(f"must be a JSON object, got {type(data).__name__}", option)
+    return data
+
+
+def _factory(path: str, kwargs: dict[str, Any], option: str) -> FactorySpec:
+    try:
+        return FactorySpec(path, kwargs)
+    except JobInputError as exc:
+        option_error(exc, option if exc.field == "factory" else f"{option}-kwargs")
+
+
+def _base_config(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    if not path.is_file():
+        usage_error(f"file {str(path)!r} does not exist", "--config")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        fail(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = data["config"]  # a job spec or a result's config block
+    if not isinstance(data, dict):
+        fail(f"{path}: a config file must hold a JSON object")
+    try:
+        return BeaconConfig.from_dict(data).to_dict()
+    except ConfigError as exc:
+        fail(f"{path}: {exc}")
+
+
+def build_job_spec(
+    *,
+    generator: str,
+    scorer: str,
+    generator_kwargs: str | None = None,
+    scorer_kwargs: str | None = None,
+    config: Path | None = None,
+    cost: float | None = None,
+    horizon: int | None = None,
+    family: str | None = None,
+    batch_size: int | None = None,
+    robust: bool | None = None,
+    prior: Path | None = None,
+    transform: str | None = None,
+    timeout: float | None = None,
+    max_attempts: int | None = None,
+    max_seconds: float | None = None,
+    max_tokens: int | None = None,
+    candidates: bool = False,
+) -> tuple[JobSpec, list[str]]:
+    """The :class:`JobSpec` of the command-line options (usage errors exit 2)."""
+    gen = _factory(generator, _kwargs(generator_kwargs, "--generator-kwargs"), "--generator")
+    sco = _factory(scorer, _kwargs(scorer_kwargs, "--scorer-kwargs"), "--scorer")
+    fields = _base_config(config)
+    if family is not None:
+        fields["family"] = check_family(family)
+    for name, v in (
+        ("cost", cost),
+        ("horizon", horizon),
+        ("batch_size", batch_size),
+        ("robust", robust),
+    ):
+        if v is not None:
+            fields[name] = v
+    pr, tr, notes = resolve_prior_and_transform(prior, transform)
+    if pr is not None:
+        fields["prior"] = pr
+    if tr is not None or transform is not None:
+        fields["transform"] = tr
+    if isinstance(fields.get("prior"), dict):
+        from beacon.priors import prior_from_dict
+
+        fields["prior"] = prior_from_dict(fields["prior"])
+    cfg = build_config(**fields)
+    sampling: dict[str, Any] = {}
+    for name, v in (
+        ("timeout", timeout),
+        ("max_attempts", max_attempts),
+        ("max_seconds", max_seconds),
+        ("max_tokens", max_tokens),
+    ):
+        if v is not None:
+            sampling[name] = v
+    try:
+        spec = JobSpec(gen, sco, cfg, sampling, keep_candidates=candidates)
+    except JobInputError as exc:
+        opt = "--" + exc.field.split(".")[-1].replace("_", "-")
+        option_error(exc, opt)
+    return spec, notes
+
+
+def _job_spec(options: Mapping[str, Any]) -> JobSpec:
+    """The job spec of a command's options (its ``locals()``); prints the notes on stderr."""
+    spec, notes = build_job_spec(**options_for(build_job_spec, options, exhaustive=True))
+    print_notes(notes)
+    return spec
+
+
+def _check_outputs(prompts: Path, out: Path, dpo: Path | None) -> None:
+    paths = [p.resolve() for p in (prompts, out, *([dpo] if dpo else []))]
+    if len(set(paths)) != len(paths):
+        usage_error("PROMPTS, --out and --dpo must be three different files", "--out")
+
+
+def _local_allow_list(spec: JobSpec) -> tuple[str, ...]:
+    # The command line names the job's own factories (trusted: the user typed them); a prompt
+    # line may only override them with modules allowed here, so a prompts file from elsewhere
+    # cannot make `beacon run` import arbitrary code.
+    allowed = parse_allow_list(os.environ.get("BEACON_ALLOWED_FACTORIES"))
+    return (*allowed, spec.generator.module, spec.scorer.module)
+
+
+def _summary_line(counts: dict[str, Any], reasons: Counter[str]) -> str:
+    done, failed, skipped = counts["done"], counts["failed"], counts["skipped"]
+    samples = counts["samples"]
+    per = f" ({samples / done:.2f} per ok prompt)" if done else ""
+    rs = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "-"
+    return (
+        f"{done} ok, {failed} failed, {skipped} skipped (already done); {samples} samples"
+        f"{per}; stop reasons: {rs}; {counts['elapsed']:.1f} s"
+    )
+
+
+# -- beacon run ------------------------------------------------------------------------------------
+@guarded
+def run_command(
+    prompts: PromptsArg,
+    generator: GeneratorOpt,
+    scorer: ScorerOpt,
+    out: OutOpt,
+    dpo: DpoOpt = None,
+    generator_kwargs: GenKwOpt = None,
+    scorer_kwargs: ScoKwOpt = None,
+    config: ConfigOpt = None,
+    cost: CostOpt = None,
+    horizon: HorizonOpt = None,
+    family: FamilyOpt = None,
+    batch_size: BatchOpt = None,
+    robust: RobustOpt = None,
+    prior: PriorOpt = None,
+    transform: TransformOpt = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-j", min=1, help="Prompts in progress at once.")
+    ] = 16,
+    call_concurrency: Annotated[
+        int,
+        typer.Option(
+            "--call-concurrency",
+            min=1,
+            help="Model and scorer calls in flight at once, over all prompts.",
+        ),
+    ] = 64,
+    timeout: TimeoutOpt = None,
+    max_attempts: AttemptsOpt = None,
+    max_seconds: MaxSecondsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    candidates: CandidatesOpt = False,
+    retry_failed: Annotated[
+        bool,
+        typer.Option(
+            "--retry-failed/--no-retry-failed", help="Rerun prompts whose earlier line failed."
+        ),
+    ] = True,
+    fsync: Annotated[
+        bool, typer.Option("--fsync/--no-fsync", help="Sync every output line to disk.")
+    ] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run BEACON on every prompt of PROMPTS in this process (no server needed).
+
+    Writes one line per prompt to --out as it finishes (best response, reward, samples used,
+    stop reason, usage, error) and DPO pairs to --dpo. Resumable: rerun the same command after
+    Ctrl-C or a crash and finished prompts are skipped; no line is ever written twice.
+    """
+    from beacon.jobs.local import JobProgress, arun_job
+
+    check_input_file(prompts, "PROMPTS")
+    _check_outputs(prompts, out, dpo)
+    spec = _job_spec(locals())
+    # Fail fast (exit 2) on a job-level factory that cannot be built, before any prompt runs.
+    for role, fs in (("--generator", spec.generator), ("--scorer", spec.scorer)):
+        try:
+            fs.build(None, role=role)
+        except JobInputError as exc:
+            option_error(exc, role)
+    reasons: Counter[str] = Counter()
+    last: list[JobProgress] = [JobProgress()]
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    prog = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=as_json,
+    )
+    task = prog.add_task(prompts.name, total=None, stats="")
+
+    def on_progress(p: JobProgress) -> None:
+        if p.last is not None and p.last is not last[0].last:
+            reasons[str(p.last.record.get("stop_reason") or "input-error")] += 1
+        last[0] = p
+        prog.update(
+            task,
+            completed=p.processed,
+            total=p.total,
+            stats=f"ok {p.done} failed {p.failed} skipped {p.skipped}",
+        )
+
+    interrupted = False
+    t0 = time.perf_counter()
+    with prog:
+        try:
+            summary = asyncio.run(
+                arun_job(
+                    prompts,
+                    spec,
+                    out,
+                    dpo=dpo,
+                    concurrency=concurrency,
+                    call_concurrency=call_concurrency,
+                    allowed=_local_allow_list(spec),
+                    progress=on_progress,
+                    retry_failed=retry_failed,
+                    fsync=fsync,
+                )
+            )
+            state = summary.progress
+        except KeyboardInterrupt:
+            interrupted = True
+            state = last[0]
+    counts = {
+        "done": state.done,
+        "failed": state.failed,
+        "skipped": state.skipped,
+        "samples": state.samples,
+        "total": state.total,
+        "duplicates": state.duplicates,
+        "retried_failed": state.retried_failed,
+        "elapsed": time.perf_counter() - t0,
+        "interrupted": interrupted,
+        "out": str(out),
+        "dpo": None if dpo is None else str(dpo),
+        "stop_reasons": dict(reasons),
+    }
+    if as_json:
+        typer.echo(json.dumps(counts, indent=2))
+    else:
+        out_console.print(_summary_line(counts, reasons), markup=False)
+        if interrupted:
+            err_console.print(
+                f"interrupted: finished prompts are saved in {out}; rerun the same "
+                "command to resume.",
+                markup=False,
+            )
+        elif state.failed:
+            err_console.print(
+                f"{state.failed} prompt(s) failed: see the lines with "
+                f'"ok": false in {out} (rerun to retry them).',
+                markup=False,
+            )
+    if interrupted or state.failed:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+# -- the worker tier ----------------------------------------------------------------------------
+def _store() -> Any:
+    try:
+        from worker.config import WorkerSettings
+        from worker.state import JobStore
+    except ModuleNotFoundError as exc:
+        fail(
+            f"the worker tier needs the 'worker' extra (pip install 'beacon-sampling[worker]'):"
+            f" {exc}"
+        )
+    try:
+        settings = WorkerSettings.from_env()
+    except ConfigError as exc:
+        fail(str(exc))
+    return JobStore.from_settings(settings)
+
+
+def _status_or_exit(store: Any, job: str) -> Any:
+    import redis
+
+    from worker.state import UnknownJobError
+
+    try:
+        return store.status(job)
+    except UnknownJobError as exc:
+        usage_error(str(exc), "JOB")
+    except redis.exceptions.ConnectionError as exc:
+        fail(f"cannot reach the job state store at {store.url}: {exc}")
+
+
+def _wait(store: Any, job: str, *, timeout: float | None, quiet: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    st = _status_or_exit(store, job)
+    t0 = time.monotonic()
+    with Progress(
+        TextColumn("job {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet,
+    ) as prog:
+        task = prog.add_task(job, total=st.total, stats="")
+        while True:
+            st = _status_or_exit(store, job)
+            prog.update(
+                task,
+                completed=st.done + st.failed,
+                total=st.total,
+                stats=f"ok {st.done} failed {st.failed} pending {st.pending}",
+            )
+            if st.finished or (timeout is not None and time.monotonic() - t0 > timeout):
+                return st
+            time.sleep(0.5)
+
+
+@guarded
+def submit_command(
+    prompts: PromptsArg,
+    generator: GeneratorOpt,
+    scorer: ScorerOpt,
+    generator_kwargs: GenKwOpt = None,
+    scorer_kwargs: ScoKwOpt = None,
+    config: ConfigOpt = None,
+    cost: CostOpt = None,
+    horizon: HorizonOpt = None,
+    family: FamilyOpt = None,
+    batch_size: BatchOpt = None,
+    robust: RobustOpt = None,
+    prior: PriorOpt = None,
+    transform: TransformOpt = None,
+    timeout: TimeoutOpt = None,
+    max_attempts: AttemptsOpt = None,
+    max_seconds: MaxSecondsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    candidates: CandidatesOpt = False,
+    job_id: Annotated[
+        str | None,
+        typer.Option(
+            "--job-id",
+            help="Job id [default: derived from "
+            "the spec and the file's content, so the same "
+            "submission resumes].",
+            show_default=False,
+        ),
+    ] = None,
+    retry_failed: Annotated[
+        bool,
+        typer.Option("--retry-failed", help="Resend prompts that failed in an earlier submission."),
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Wait for the job to finish (progress bar), then collect if --out is given.",
+        ),
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="With --wait: collect the results here.", show_default=False
+        ),
+    ] = None,
+    dpo: DpoOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit PROMPTS to the Celery worker tier: one task per prompt. Prints the job id.
+
+    Broker and state store come from BEACON_BROKER_URL / BEACON_RESULT_BACKEND /
+    BEACON_STATE_URL. Submitting the same file and spec again resends only unfinished prompts.
+    """
+    check_input_file(prompts, "PROMPTS")
+    if out is not None:
+        _check_outputs(prompts, out, dpo)
+    spec = _job_spec(locals())
+    import redis
+
+    from beacon.jobs.spec import iter_prompt_file
+
+    try:
+        from worker.tasks import submit_job
+    except ModuleNotFoundError as exc:
+        fail(f"the worker tier needs the 'worker' extra: {exc}")
+    h = hashlib.sha256()
+    with prompts.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    store = _store()
+    try:
+        res = submit_job(
+            iter_prompt_file(prompts),
+            spec,
+            job_id=job_id,
+            input_digest=h.hexdigest(),
+            source=str(prompts.resolve()),
+            retry_failed=retry_failed,
+            store=store,
+        )
+    except redis.exceptions.ConnectionError as exc:
+        fail(f"cannot reach the job state store at {store.url}: {exc}")
+    except Exception as exc:
+        if type(exc).__module__.startswith(("kombu", "amqp")):
+            fail(f"cannot reach the broker: {exc}")
+        raise
+    if as_json and not wait:
+        typer.echo(json.dumps(res.to_dict(), indent=2))
+    elif not as_json:
+        out_console.print(res.job_id, markup=False)
+        err_console.print(
+            f"job {res.job_id}: {res.total} prompts, {res.enqueued} sent, "
+            f"{res.already} already finished, {res.bad_lines} bad input line(s)",
+            markup=False,
+        )
+    if not wait:
+        return
+    st = _wait(store, res.job_id, timeout=None, quiet=as_json)
+    code = EXIT_OK if st.failed == 0 else EXIT_FAILURE
+    payload: dict[str, Any] = {"submit": res.to_dict(), "status": st.to_dict()}
+    if out is not None:
+        from worker.state import collect_job
+
+        c = collect_job(store, res.job_id, out, dpo=dpo)
+        payload["collect"] = c.to_dict()
+    if as_json:
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        out_console.print(f"job {res.job_id}: {st.done} ok, {st.failed} failed", markup=False)
+    raise typer.Exit(code)
+
+
+@guarded
+def status_command(
+    job: Annotated[str, typer.Argument(metavar="JOB", help="Job id printed by submit.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a job's done / failed / pending counts."""
+    store = _store()
+    st = _status_or_exit(store, job)
+    if as_json:
+        typer.echo(json.dumps(st.to_dict(), indent=2))
+        return
+    out_console.print(
+        f"job {job}: {st.total} prompts, {st.done} done, {st.failed} failed, "
+        f"{st.pending} pending ({st.source})",
+        markup=False,
+    )
+
+
+@guarded
+def collect_command(
+    job: Annotated[str, typer.Argument(metavar="JOB", help="Job id printed by submit.")],
+    out: OutOpt,
+    dpo: DpoOpt = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until no prompt is pending.")] = False,
+    wait_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-timeout", help="Give up waiting after this many seconds.", show_default=False
+        ),
+    ] = None,
+    purge: Annotated[
+        bool,
+        typer.Option(
+            "--purge",
+            help="Delete the job's state from Redis once "
+            "everything is collected and nothing is pending.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a job's results (and DPO pairs) to local JSONL files; safe to repeat.
+
+    Exit 0 when the job is finished with no failures, 1 when prompts failed or are pending.
+    """
+    from worker.state import collect_job
+
+    store = _store()
+    st = (
+        _wait(store, job, timeout=wait_timeout, quiet=as_json)
+        if wait
+        else _status_or_exit(store, job)
+    )
+    if dpo is not None and dpo.resolve() == out.resolve():
+        usage_error("--out and --dpo must be different files", "--dpo")
+    c = collect_job(store, job, out, dpo=dpo)
+    st = c.status
+    purged = False
+    if purge and st.finished:
+        store.purge(job)
+        purged = True
+    if as_json:
+        typer.echo(json.dumps({**c.to_dict(), "purged": purged}, indent=2))
+    else:
+        out_console.print(
+            f"job {job}: wrote {c.written} line(s) to {out}"
+            + (f" and {c.dpo_written} pair(s) to {dpo}" if dpo else "")
+            + f"; {st.done} done, {st.failed} failed, {st.pending} pending",
+            markup=False,
+        )
+    if st.failed or st.pending:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def worker_command(
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            "-c",
+            min=1,
+            help="Worker processes (or threads) [default: CPU count].",
+            show_default=False,
+        ),
+    ] = None,
+    pool: Annotated[
+        str, typer.Option("--pool", "-P", help="prefork, threads or solo.")
+    ] = "prefork",
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="Log level.")] = "INFO",
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues",
+            "-Q",
+            help="Queues to consume [default: BEACON_QUEUE or 'beacon'].",
+            show_default=False,
+        ),
+    ] = None,
+    hostname: Annotated[
+        str | None, typer.Option("--hostname", "-n", help="Node name.", show_default=False)
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            help="Module prefix this worker "
+            "may import factories from (repeatable; "
+            "added to BEACON_ALLOWED_FACTORIES).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Start a Celery worker of the BEACON tier (settings from BEACON_* variables)."""
+    if pool not in ("prefork", "threads", "solo"):
+        usage_error(f"{pool!r}: choose prefork, threads or solo", "--pool")
+    if allow:
+        try:
+            parse_allow_list(",".join(allow), include_defaults=False)
+        except ConfigError as exc:
+            option_error(exc, "--allow")
+        prev = os.environ.get("BEACON_ALLOWED_FACTORIES", "")
+        os.environ["BEACON_ALLOWED_FACTORIES"] = ",".join([p for p in [prev, *allow] if p])
+    try:
+        from worker.app import app, settings
+    except ModuleNotFoundError as exc:
+        fail(f"the worker tier needs the 'worker' extra: {exc}")
+    except ConfigError as exc:
+        fail(str(exc))
+    # Gossip and mingle are cluster chatter this tier does not use (no revokes, no events);
+    # without them a worker starts faster and sends fewer broker messages.
+    argv = [
+        "worker",
+        f"--pool={pool}",
+        f"--loglevel={loglevel}",
+        f"--queues={queues or settings.queue}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if concurrency is not None:
+        argv.append(f"--concurrency={concurrency}")
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    err_console.print(
+        f"beacon worker: broker {settings.broker_url}, state {settings.state_url}, "
+        f"factories from {', '.join(settings.allowed_factories)}",
+        markup=False,
+    )
+    app.worker_main(argv=argv)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run``, ``submit``, ``status``, ``collect`` and ``worker`` to the ``beacon`` app."""
+    app.command("run")(run_command)
+    app.command("submit")(submit_command)
+    app.command("status")(status_command)
+    app.command("collect")(collect_command)
+    app.command("worker")(worker_command)
+
+
+_ = EXIT_USAGE  # exit code 2 is raised through usage_error (click's BadParameter)

@@ -1,0 +1,98 @@
+"""``beacon fit-prior``: fit an empirical-Bayes prior (and transform) on logged rewards.
+
+Writes ``{"prior": {...}, "transform": {...} | null, "fitted_on": {...}}``, the file that
+``beacon replay --prior`` / ``beacon tune --prior``, :func:`beacon.load_prior` and
+:func:`beacon.fitting.load_fit` read (see :mod:`beacon.fitting` for the statistics).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from beacon.cli.common import (
+    FamilyOpt,
+    LoggedArg,
+    check_family,
+    guarded,
+    load_log,
+    out_console,
+    usage_error,
+)
+
+__all__ = ["fit_prior_command", "register"]
+
+_TRANSFORMS = ("none", "logit", "gaussianize")
+
+
+@guarded
+def fit_prior_command(
+    logged: LoggedArg,
+    output: Annotated[
+        Path,
+        typer.Option("--output", "-o", help="Where to write the prior JSON.", show_default=False),
+    ],
+    family: FamilyOpt = "normal",
+    transform: Annotated[
+        str,
+        typer.Option(
+            "--transform",
+            help="Fit the prior on transformed rewards: none, logit (probability-valued judges) "
+            "or gaussianize (empirical CDF then normal quantile, fitted here and stored with "
+            "the prior).",
+        ),
+    ] = "none",
+    method: Annotated[
+        str,
+        typer.Option("--method", help="marginal (type-II maximum likelihood) or moments."),
+    ] = "marginal",
+    robust: Annotated[
+        bool,
+        typer.Option(
+            "--robust/--no-robust",
+            help="Drop rewards that are far out both in their prompt and in the whole log.",
+        ),
+    ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Also print the file to stdout.")] = False,
+) -> None:
+    """Fit a proper prior on LOGGED.jsonl (one line per prompt) and write it to -o."""
+    from beacon.fitting import fit_reward_model
+
+    check_family(family)
+    if family not in ("normal", "bernoulli", "judge"):
+        usage_error(f"{family!r}: fit-prior supports normal, bernoulli and judge", "--family")
+    if transform not in _TRANSFORMS:
+        usage_error(f"{transform!r}: choose from {', '.join(_TRANSFORMS)}", "--transform")
+    if family != "normal" and transform != "none":
+        usage_error(f"{transform!r}: the {family} family takes raw rewards", "--transform")
+    if method not in ("marginal", "moments"):
+        usage_error(f"{method!r}: choose marginal or moments", "--method")
+    data = load_log(logged).for_family(family)
+    fit = fit_reward_model(
+        data.rewards,
+        family,
+        transform=None if transform == "none" else transform,
+        method=method,
+        robust=robust,
+    )
+    doc = fit.to_dict()
+    doc["fitted_on"]["source"] = str(logged)
+    output.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    p = fit.prior.to_dict()
+    params = ", ".join(f"{k}={v:.4g}" for k, v in p.items() if k != "family")
+    out_console.print(
+        f"fitted {family} prior ({params})"
+        + (f" on {transform}-transformed rewards" if transform != "none" else "")
+        + f" from {doc['fitted_on']['prompts']} prompts / {doc['fitted_on']['rewards']} rewards"
+        + f"; k0={max(1, fit.prior.k0)}; wrote {output}"
+    )
+    if as_json:
+        typer.echo(json.dumps(doc))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fit-prior`` to the ``beacon`` app."""
+    app.command("fit-prior")(fit_prior_command)

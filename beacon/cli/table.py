@@ -1,0 +1,74 @@
+"""``beacon table``: build (or find) the h-index table of a horizon and prior."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from beacon.cli.common import (
+    guarded,
+    load_prior_file,
+    out_console,
+    spinner,
+    stopwatch,
+    usage_error,
+)
+from beacon.priors import NIGPrior
+
+__all__ = ["register", "table_command"]
+
+
+@guarded
+def table_command(
+    horizon: Annotated[
+        int,
+        typer.Option(
+            "--horizon", "-n", help="Horizon n of the table (>= k0 + 1).", show_default=False
+        ),
+    ],
+    prior: Annotated[
+        Path | None,
+        typer.Option(
+            "--prior", help="Prior JSON with a NIG prior (default: Jeffreys).", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Build the h-index table h_{n,k} for horizon n (and a prior), or find it in the cache.
+
+    Prints where the table lives (the disk cache: $BEACON_CACHE_DIR or ~/.cache/beacon, or the
+    tables shipped with the package) and how long getting it took.
+    """
+    from beacon.index.cache import cache_dir, get_table, shipped_path, table_filename
+
+    p = NIGPrior.jeffreys()
+    if prior is not None:
+        loaded, _ = load_prior_file(prior)
+        if not isinstance(loaded, NIGPrior):
+            usage_error("h-index tables belong to the normal family; give a NIG prior", "--prior")
+        p = loaded
+    if horizon < p.k0 + 1:
+        usage_error(f"{horizon}: must be >= k0 + 1 = {p.k0 + 1} for this prior", "--horizon")
+    cached = cache_dir() / table_filename(horizon, p.alpha0, p.nu0)
+    shipped = shipped_path(horizon, p.alpha0, p.nu0)
+    if cached.is_file():
+        source, where = "loaded from the disk cache", cached
+    elif shipped.is_file():
+        source, where = "shipped with the package", shipped
+    else:
+        source, where = "built and cached", cached
+    with spinner(f"h-index table n={horizon}: {source.split(' ')[0]}"), stopwatch() as elapsed:
+        get_table(horizon, p.alpha0, p.nu0)
+    out_console.print(
+        f"h-index table n={horizon}, alpha0={p.alpha0:g}, nu0={p.nu0:g}: {source}", markup=False
+    )
+    if where.is_file():
+        out_console.print(f"  path: {where}", markup=False)
+    else:
+        out_console.print(f"  path: none (could not write the cache {where})", markup=False)
+    out_console.print(f"  time: {elapsed[0]:.3f} s", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("table")(table_command)

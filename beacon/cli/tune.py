@@ -1,0 +1,618 @@
+"""``beacon tune``: sweep the cost ``c``, plot quality versus samples, recommend a ``c``.
+
+With ``--prior fit`` (the default for the ``normal`` family, with the ``gaussianize`` transform)
+two BEACON variants are swept on the same log: the paper's default prior (Jeffreys, ``k0 = 3``,
+raw rewards; costs in reward units) and the cross-fitted empirical-Bayes prior (each fold of
+prompts replayed with the prior and transform fitted on the other folds; costs in per-prompt
+standardized units, see :mod:`beacon.evaluation`). The cross-fitted variant is the recommended
+one; the default is plotted and printed next to it so the gain is visible, not asserted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from beacon.cli.common import (
+    BatchOpt,
+    FamilyOpt,
+    FoldsOpt,
+    HorizonOpt,
+    JsonOpt,
+    LoggedArg,
+    RobustOpt,
+    TransformOpt,
+    fmt,
+    guarded,
+    horizon_note,
+    load_log,
+    log_setup,
+    options_for,
+    out_console,
+    print_notes,
+    progress_bar,
+    spinner,
+    usage_error,
+    warm_up,
+)
+from beacon.cli.replay import cost_units, describe_setup
+from beacon.config import BeaconConfig
+from beacon.errors import ConfigError
+from beacon.evaluation import (
+    QUALITY_KINDS,
+    LoggedRewards,
+    QualityKind,
+    TuneResult,
+    cost_grid,
+    interpolate_fixed,
+    quality_of,
+    tune,
+)
+
+__all__ = [
+    "QUALITY_LABELS",
+    "deploy_lines",
+    "matched_range",
+    "plot_tune",
+    "register",
+    "tune_command",
+    "variant_label",
+]
+
+QUALITY_LABELS: dict[str, str] = {
+    "standardized": "mean standardized best reward  E[zhat_K]",
+    "reward": "mean best reward  E[z_K]",
+    "accuracy": "accuracy of the chosen sample",
+}
+
+
+def variant_label(res: TuneResult, short: bool = False) -> str:
+    """Name of a sweep's BEACON variant, for legends and tables (``short`` for narrow tables)."""
+    cf = res.crossfit
+    if cf is not None:
+        tr = "" if cf.transform == "none" else f" + {cf.transform}"
+        return f"fitted{tr}" if short else f"cross-fitted prior{tr} ({cf.n_folds} folds)"
+    if res.config.prior is None:
+        if res.config.family == "normal":
+            return "Jeffreys" if short else "Jeffreys prior (paper default)"
+        return "Beta(1, 1)" if short else "uniform Beta(1, 1) prior (default)"
+    tr = "" if res.config.transform is None else f" + {res.config.transform.kind}"
+    return f"prior file{tr}"
+
+
+def matched_range(res: TuneResult) -> tuple[float, float]:
+    """Smallest and largest (BEACON - best-of-N at the same average samples) over the sweep.
+
+    In units of ``res.quality``. Points at the same average samples count once.
+    """
+    q = res.quality
+    diffs = [
+        quality_of(p.metrics, q) - interpolate_fixed(res.fixed, p.metrics.avg_samples, q)
+        for p in res.points
+    ]
+    return min(diffs), max(diffs)
+
+
+def _curve(res: TuneResult) -> tuple[list[float], list[float]]:
+    pts = sorted(res.points, key=lambda p: p.metrics.avg_samples)
+    return [p.metrics.avg_samples for p in pts], [quality_of(p.metrics, res.quality) for p in pts]
+
+
+# The recommended points (knee star, budget diamond): black-edged, above every curve.
+_OUTLINED: dict[str, Any] = {"mec": "black", "mew": 0.6, "zorder": 7}
+
+
+def _sweep_curve(ax: Any, res: TuneResult, fmt: str, **style: Any) -> None:
+    """One BEACON sweep, labelled with its variant and its matched-samples range."""
+    x, y = _curve(res)
+    lo, hi = matched_range(res)
+    label = f"BEACON, {variant_label(res)}; minus best-of-N over c: {lo:+.3f} to {hi:+.3f}"
+    ax.plot(x, y, fmt, label=label, **style)
+
+
+def _point(ax: Any, x: float, y: float, label: str, **style: Any) -> None:
+    """A single marker with a legend entry (no line)."""
+    ax.plot([x], [y], ls="none", label=label, **style)
+
+
+def plot_tune(
+    res: TuneResult,
+    path: Path,
+    title: str,
+    subtitle: str = "",
+    baseline: TuneResult | None = None,
+) -> None:
+    """Write the quality-versus-average-samples PNG of a sweep (matplotlib, Agg backend).
+
+    BEACON's sweep is one curve (one point per ``c``); fixed best-of-N is another (one point per
+    N, joined by the straight segments that mixing N and N+1 achieves). ``baseline`` (the
+    default-prior sweep, when ``res`` is the cross-fitted one) is drawn as a second, lighter
+    BEACON curve with its knee ringed. The knee of ``res`` (the recommended variant) is a star
+    and, when a budget chose ``c``, the recommended point a diamond.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    q = res.quality
+    fig, ax = plt.subplots(figsize=(8.0, 5.0), dpi=150)
+    fx = [m.avg_samples for m in res.fixed]
+    fy = [quality_of(m, q) for m in res.fixed]
+    ax.plot(
+        fx, fy, "-s", color="0.3", ms=4, lw=1.6, label="fixed best-of-N (N = 1..horizon)", zorder=3
+    )
+    for m, x, y in zip(res.fixed, fx, fy, strict=True):
+        if m.n in (1, 2, 4, 8, 16, 32, 64) or m.n == len(res.fixed):
+            ax.annotate(
+                f"N={m.n}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(4, -10),
+                ha="left",
+                fontsize=7,
+                color="0.3",
+            )
+    if baseline is not None:
+        _sweep_curve(ax, baseline, "--o", color="tab:red", lw=1.3, ms=2.5, alpha=0.8, zorder=4)
+        bk = baseline.points[baseline.knee]
+        bkx, bky = bk.metrics.avg_samples, quality_of(bk.metrics, q)
+        bgain = bky - interpolate_fixed(baseline.fixed, bkx, q)
+        _point(
+            ax,
+            bkx,
+            bky,
+            f"its knee: c={bk.cost:.3g}, {bkx:.2f} samples, {bgain:+.3f} vs best-of-N",
+            marker="o",
+            ms=9,
+            mfc="none",
+            mec="tab:red",
+            mew=1.4,
+            zorder=5,
+        )
+    _sweep_curve(ax, res, "-o", color="tab:blue", lw=2.0, ms=3.5, zorder=6)
+    knee = res.points[res.knee]
+    kx, ky = knee.metrics.avg_samples, quality_of(knee.metrics, q)
+    fyk = interpolate_fixed(res.fixed, kx, q)
+    _point(
+        ax,
+        kx,
+        ky,
+        f"recommended knee: c={knee.cost:.3g}, {kx:.2f} samples, {ky - fyk:+.3f} vs best-of-N",
+        marker="*",
+        ms=17,
+        color="tab:orange",
+        **_OUTLINED,
+    )
+    ax.plot([kx, kx], [fyk, ky], ":", color="tab:orange", lw=1.4, zorder=4)
+    ch = res.choice
+    if ch.rule != "knee":
+        cx, cy = ch.metrics.avg_samples, quality_of(ch.metrics, q)
+        _point(
+            ax,
+            cx,
+            cy,
+            f"{ch.rule}: c={ch.cost:.3g}, {cx:.2f} samples",
+            marker="D",
+            ms=8,
+            color="tab:green",
+            **_OUTLINED,
+        )
+    ax.set_xlabel("average samples per prompt  E[K]")
+    ylabel = QUALITY_LABELS[q]
+    if q == "reward" and res.config.family == "bernoulli":
+        ylabel = "success rate (mean best 0/1 reward)"
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10, loc="left")
+    if subtitle:
+        import textwrap
+
+        fig.text(
+            0.01,
+            0.005,
+            textwrap.fill(subtitle, 150),
+            fontsize=7,
+            color="0.35",
+            ha="left",
+            va="bottom",
+        )
+    ax.grid(True, alpha=0.3)
+    ax.set_xlim(left=0.5)
+    ax.legend(loc="lower right", fontsize=7.5, framealpha=0.92)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def sweep_table(res: TuneResult) -> Table:
+    """One row per distinct policy of the sweep (costs giving the same E[K] are merged)."""
+    q = res.quality
+    t = Table(
+        title=f"BEACON, {variant_label(res)}, over c (horizon {res.config.horizon}; "
+        f"{cost_units(res.crossfit, res.config.family)}) against fixed best-of-N at the same "
+        "average samples",
+        title_justify="left",
+    )
+    t.add_column("c", justify="right")
+    t.add_column("avg samples", justify="right")
+    t.add_column(q if q != "standardized" else "mean zhat", justify="right")
+    t.add_column("best-of-N at same samples", justify="right")
+    t.add_column("difference", justify="right")
+    t.add_column("")
+    last: float | None = None
+    for i, p in enumerate(res.points):
+        k = p.metrics.avg_samples
+        if last is not None and k == last:
+            continue
+        last = k
+        mine = quality_of(p.metrics, q)
+        theirs = interpolate_fixed(res.fixed, k, q)
+        mark = "<- knee" if i == res.knee else ""
+        diff = f"{mine - theirs:+.3f}"
+        t.add_row(f"{p.cost:.4g}", f"{k:.2f}", fmt(mine), fmt(theirs), diff, mark)
+    return t
+
+
+def variants_table(results: list[TuneResult]) -> Table:
+    """The variants side by side at their recommended c (the last one is the recommended one)."""
+    q = results[-1].quality
+    t = Table(
+        title="BEACON variants at their recommended c, against best-of-N at the same average "
+        "samples",
+        title_justify="left",
+    )
+    for col in ("variant", "c", "avg K", q if q != "standardized" else "zhat", "best-of-N", "diff"):
+        t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
+    for i, r in enumerate(results):
+        m = r.choice.metrics
+        mine, theirs = quality_of(m, q), interpolate_fixed(r.fixed, m.avg_samples, q)
+        name = variant_label(r, short=True) + (" *" if i == len(results) - 1 else "")
+        t.add_row(
+            name,
+            f"{r.choice.cost:.4g}",
+            f"{m.avg_samples:.2f}",
+            fmt(mine),
+            fmt(theirs),
+            f"{mine - theirs:+.3f}",
+            style="bold cyan" if i == len(results) - 1 else None,
+        )
+    return t
+
+
+def range_lines(results: list[TuneResult]) -> list[str]:
+    """BEACON minus best-of-N at the same average samples, smallest..largest over each sweep."""
+    parts = []
+    for r in results:
+        lo, hi = matched_range(r)
+        parts.append(f"{variant_label(r, short=True)} {lo:+.3f}..{hi:+.3f}")
+    return [
+        f"Over the whole c sweep, BEACON minus best-of-N at the same average samples "
+        f"({results[-1].quality}): " + "; ".join(parts) + "."
+    ]
+
+
+def deploy_lines(
+    res: TuneResult, logged: Path, data: LoggedRewards, transform_spec: str
+) -> list[str]:
+    """How to deploy the recommended cross-fitted variant: fit on the whole log, convert c.
+
+    The deployable prior is fitted on every prompt of the log (nothing is scored with it here);
+    its ``within_scale`` turns the recommended ``c`` (per-prompt sd units) into the Stopper's
+    cost.
+    """
+    from beacon.fitting import fit_reward_model
+
+    cf = res.crossfit
+    assert cf is not None
+    fam = res.config.family
+    opts = "" if fam == "normal" else f" --family {fam}"
+    if cf.transform != "none":
+        opts += f" --transform {transform_spec}"
+    with spinner("fitting the deployable prior on the whole log"):
+        tr = None if cf.transform == "none" else transform_spec
+        if tr is not None and tr not in ("gaussianize", "logit"):
+            from beacon.cli.common import parse_transform
+
+            fit = fit_reward_model(data.for_family(fam).rewards, fam, transform=parse_transform(tr))
+        else:
+            fit = fit_reward_model(data.for_family(fam).rewards, fam, transform=tr)
+    model_cost = res.choice.cost * fit.within_scale
+    cli_opts = opts
+    lines = [
+        "To deploy it, fit the prior (and transform) on the whole log:",
+        f"  beacon fit-prior {logged}{opts} -o prior.json",
+    ]
+    if fam == "normal":
+        lines.append(
+            f"  and use cost = c x within_scale = {res.choice.cost:.4g} x {fit.within_scale:.4g}"
+            f" = {model_cost:.4g} in model units: BeaconConfig(prior=..., transform=..., "
+            f"cost={model_cost:.4g}) (beacon.fitting.load_fit('prior.json').config(cost=...))."
+        )
+    else:
+        lines.append(f"  and use cost = {res.choice.cost:.4g} (successes per sample).")
+    lines.append(
+        f"  Re-check on this log without leakage: beacon replay {logged} --prior fit{cli_opts} "
+        f"--cost {res.choice.cost:.4g}" + ("" if cf.n_folds == 5 else f" --folds {cf.n_folds}")
+    )
+    return lines
+
+
+def recommendation_lines(res: TuneResult) -> list[str]:
+    q = res.quality
+    ch, full = res.choice, res.fixed[-1]
+    m = ch.metrics
+    saved = 100.0 * (1.0 - m.avg_samples / full.avg_samples)
+    matched = interpolate_fixed(res.fixed, m.avg_samples, q)
+    why = {
+        "knee": "the knee of the quality-samples curve",
+        "target-samples": "the smallest c within the target average samples",
+        "max-quality-loss": "the largest c within the allowed quality loss",
+    }[ch.rule]
+    lines = [
+        f"Recommended: BEACON with the {variant_label(res)}, c = {ch.cost:.4g} ({why}; "
+        f"{cost_units(res.crossfit, res.config.family)}).",
+        f"  BEACON: {m.avg_samples:.2f} samples per prompt ({saved:.0f}% fewer than "
+        f"best-of-{full.n}), {q} {quality_of(m, q):.3f}; best-of-N at the same samples "
+        f"{matched:.3f} ({quality_of(m, q) - matched:+.3f}); best-of-{full.n} "
+        f"{quality_of(full, q):.3f}.",
+    ]
+    if q != "reward":
+        raw = interpolate_fixed(res.fixed, m.avg_samples, "reward")
+        lines.append(
+            f"  mean raw reward of the chosen sample: BEACON {m.mean_best_reward:.3f}, best-of-N "
+            f"at the same samples {raw:.3f} ({m.mean_best_reward - raw:+.3f})."
+        )
+    if m.accuracy is not None and q != "accuracy" and full.accuracy is not None:
+        lines.append(f"  accuracy: BEACON {m.accuracy:.3f}, best-of-{full.n} {full.accuracy:.3f}.")
+    if ch.note:
+        lines.append(f"  note: {ch.note}")
+    return lines
+
+
+@guarded
+def tune_command(
+    logged: LoggedArg,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot", "-o", help="Write the quality-vs-samples PNG here.", show_default=False
+        ),
+    ] = None,
+    target_samples: Annotated[
+        float | None,
+        typer.Option(
+            "--target-samples",
+            "-k",
+            help="Choose the c with the best quality using at most K samples on average.",
+            show_default=False,
+        ),
+    ] = None,
+    max_quality_loss: Annotated[
+        float | None,
+        typer.Option(
+            "--max-quality-loss",
+            "-x",
+            help="Choose the largest c whose quality is at most X below best-of-horizon "
+            "(X in the units of --quality).",
+            show_default=False,
+        ),
+    ] = None,
+    quality: Annotated[
+        str | None,
+        typer.Option(
+            "--quality",
+            help="Quality measure: standardized (mean per-prompt z-score of the chosen "
+            "reward), reward (raw), or accuracy [default: standardized; reward for "
+            "bernoulli].",
+            show_default=False,
+        ),
+    ] = None,
+    points: Annotated[int, typer.Option("--points", help="Costs per log-spaced sweep pass.")] = 25,
+    cost_min: Annotated[
+        float | None,
+        typer.Option(
+            "--cost-min",
+            help="Smallest c to sweep [default: from the data's scale].",
+            show_default=False,
+        ),
+    ] = None,
+    cost_max: Annotated[
+        float | None,
+        typer.Option(
+            "--cost-max",
+            help="Largest c to sweep [default: from the data's scale].",
+            show_default=False,
+        ),
+    ] = None,
+    horizon: HorizonOpt = None,
+    family: FamilyOpt = "normal",
+    batch_size: BatchOpt = 1,
+    robust: RobustOpt = True,
+    prior: Annotated[
+        str | None,
+        typer.Option(
+            "--prior",
+            help="'fit' [default for the normal family]: an empirical-Bayes prior cross-fitted "
+            "on the log (each fold replayed with the prior fitted on the other folds; c in "
+            "per-prompt sd units), swept next to the paper's default prior; 'default' (or "
+            "'jeffreys') [default for bernoulli/judge]: the family's default prior only; or a "
+            "prior JSON file from 'beacon fit-prior'.",
+            show_default=False,
+        ),
+    ] = None,
+    transform: TransformOpt = None,
+    folds: FoldsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Sweep the cost c, compare BEACON with fixed best-of-N, and recommend a variant and a c.
+
+    By default (normal family) the prior and a Gaussianizing transform are cross-fitted on the
+    log (--prior fit --transform gaussianize --folds 5) and swept next to the paper's default
+    Jeffreys prior. The knee of the recommended variant's quality-versus-samples curve is
+    recommended unless --target-samples or --max-quality-loss states a budget.
+    """
+    if target_samples is not None and max_quality_loss is not None:
+        usage_error("give --target-samples or --max-quality-loss, not both", "--target-samples")
+    if quality is not None and quality not in QUALITY_KINDS:
+        usage_error(f"{quality!r}: choose from {', '.join(QUALITY_KINDS)}", "--quality")
+    if points < 2:
+        usage_error(f"{points}: need at least 2 costs", "--points")
+    data = load_log(logged)
+    # The sweep replaces the cost; 0.1 only has to be a valid placeholder for validation.
+    setup = log_setup(
+        data,
+        **options_for(
+            log_setup,
+            locals(),
+            cost=0.1,
+            default_prior="fit" if family == "normal" else "default",
+        ),
+    )
+    cfg, cf, notes = setup.config, setup.crossfit, setup.notes
+    costs = None
+    if cost_min is not None or cost_max is not None or points != 25:
+        fam_data = data.for_family(family)
+        lo_hi = cost_grid(fam_data, cfg, points, crossfit=cf)
+        lo = cost_min if cost_min is not None else float(lo_hi[0])
+        hi = cost_max if cost_max is not None else float(lo_hi[-1])
+        if not (0 < lo < hi):
+            usage_error(f"need 0 < --cost-min < --cost-max, got {lo:g} and {hi:g}", "--cost-min")
+        if family in ("bernoulli", "judge") and hi >= 1.0:
+            usage_error(f"{hi:g}: the {family} family needs c < 1", "--cost-max")
+        import numpy as np
+
+        costs = np.logspace(np.log10(lo), np.log10(hi), points)
+    baseline_cfg: BeaconConfig | None = None
+    if cf is not None:
+        # The paper's default on the raw rewards, swept on the same prompts for comparison.
+        baseline_cfg = cfg.replace(prior=None, transform=None)
+        warm_up(data, baseline_cfg)
+    warm_up(data, cfg, cf)
+    total = points * (2 if costs is None else 1) + (2 * 25 if baseline_cfg is not None else 0)
+    baseline: TuneResult | None = None
+    with progress_bar(f"sweeping c on {data.n_prompts} prompts", total) as update:
+        if baseline_cfg is not None:
+            baseline = tune(
+                data,
+                baseline_cfg,
+                quality=_quality(quality),
+                progress=lambda d, _t: update(d, total),
+            )
+        done = 0 if baseline is None else 2 * 25
+
+        def step(d: int, _t: int) -> None:
+            update(done + d, total)
+
+        res = tune(
+            data,
+            cfg,
+            costs,
+            target_samples=target_samples,
+            max_quality_loss=max_quality_loss,
+            quality=_quality(quality),
+            progress=step,
+            crossfit=cf,
+        )
+    notes += horizon_note(res.requested_horizon, res.config, data.for_family(family))
+    notes += _judge_hint(data, res, family)
+    title = (
+        f"BEACON vs best-of-N: {logged.name} ({res.n_prompts} prompts, "
+        f"horizon {res.config.horizon})"
+    )
+    subtitle = describe_setup(res.config, cf)
+    if cf is not None:
+        subtitle += "; no prompt is scored with a prior fitted on itself"
+    if plot is not None:
+        plot_tune(res, plot, title, subtitle, baseline)
+    deploy = [] if cf is None else deploy_lines(res, logged, data, setup.transform_spec)
+    if as_json:
+        out: dict[str, Any] = res.to_dict()
+        out["variant"] = variant_label(res)
+        out["matched_range"] = list(matched_range(res))
+        out["baseline"] = None
+        if baseline is not None:
+            out["baseline"] = {
+                **baseline.to_dict(),
+                "variant": variant_label(baseline),
+                "matched_range": list(matched_range(baseline)),
+            }
+        out["source"] = str(logged)
+        out["plot"] = None if plot is None else str(plot)
+        out["deploy"] = deploy
+        out["notes"] = notes
+        typer.echo(json.dumps(out, indent=2))
+        return
+    print_notes(notes)
+    out_console.print(f"{logged.name}: {res.n_prompts} prompts; {subtitle}", markup=False)
+    out_console.print(sweep_table(res))
+    if baseline is not None:
+        out_console.print(variants_table([baseline, res]))
+        for line in range_lines([baseline, res]):
+            out_console.print(line, markup=False)
+    for line in recommendation_lines(res):
+        out_console.print(line, markup=False)
+    for line in deploy:
+        out_console.print(line, markup=False)
+    if plot is not None:
+        out_console.print(f"Plot written to {plot}", markup=False)
+
+
+def _judge_hint(data: LoggedRewards, res: TuneResult, family: str) -> list[str]:
+    """Point at --family judge for rewards in [0, 1], with this log's own measurement.
+
+    Only a suggestion: [0, 1] is the range of a probability, not evidence that the rewards are
+    a pairwise judge's win probabilities, so the family is never switched automatically. The
+    judge family (default prior) is swept here so the suggestion quotes numbers from this log.
+    """
+    import numpy as np
+
+    if family != "normal":
+        return []
+    r = data.rewards[~np.isnan(data.rewards)]
+    if r.size == 0 or r.min() < 0.0 or r.max() > 1.0:
+        return []
+    from beacon.families.judge import WIN_THRESHOLD  # registers the judge family
+
+    jcfg = res.config.replace(family="judge", prior=None, transform=None, robust=True)
+    try:
+        with spinner("sweeping the judge family for comparison"):
+            j = tune(data, jcfg, quality=res.quality)
+    except ConfigError:
+        return []
+    jm = j.choice.metrics
+    q = res.quality
+    jd = quality_of(jm, q) - interpolate_fixed(j.fixed, jm.avg_samples, q)
+    lo, hi = matched_range(j)
+    rm = res.choice.metrics
+    mine = quality_of(rm, q) - interpolate_fixed(res.fixed, rm.avg_samples, q)
+    jraw = jm.mean_best_reward - interpolate_fixed(j.fixed, jm.avg_samples, "reward")
+    mraw = rm.mean_best_reward - interpolate_fixed(res.fixed, rm.avg_samples, "reward")
+    return [
+        f"all rewards lie in [0, 1]. If they are a pairwise judge's win probabilities, try "
+        f"--family judge (a Beta model of 'has a win, r > {WIN_THRESHOLD:g}, been found'): on "
+        f"this log its knee uses {jm.avg_samples:.2f} samples, {jd:+.3f} {q} ({jraw:+.4f} raw "
+        f"reward) vs best-of-N at the same samples ({lo:+.3f}..{hi:+.3f} over its sweep, which "
+        f"cannot go past the first win), against {mine:+.3f} ({mraw:+.4f} raw) for the "
+        f"recommended variant."
+    ]
+
+
+def _quality(q: str | None) -> QualityKind | None:
+    if q is None:
+        return None
+    if q == "standardized":
+        return "standardized"
+    if q == "reward":
+        return "reward"
+    if q == "accuracy":
+        return "accuracy"
+    raise ConfigError("quality", q, f"must be one of {', '.join(QUALITY_KINDS)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune_command)

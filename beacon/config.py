@@ -1,0 +1,127 @@
+"""Validated, frozen configuration of one BEACON stopping problem."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from beacon.errors import ConfigError
+from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
+from beacon.transforms import RewardTransform, make_transform
+
+__all__ = ["BeaconConfig"]
+
+
+@dataclass(frozen=True)
+class BeaconConfig:
+    """Everything the Stopper needs to decide for one query.
+
+    Attributes:
+        cost: sampling cost ``c`` per sample, in (transformed) reward units; > 0.
+        horizon: maximum number of samples ``n``; >= k0 + 1.
+        family: registered reward family name (``normal``, ``bernoulli``, or a plugin).
+        batch_size: samples drawn per decision after the first k0 (``b`` of the paper's
+            batch mode); decisions happen at batch boundaries.
+        robust: one-sided winsorization of low rewards (appendix "Robust Updating Formula").
+        robust_quantile: predictive quantile below which a reward updates as if it were mu;
+            in (0, 0.5).
+        prior: the family's conjugate prior; ``None`` means the family default (Jeffreys
+            for ``normal``, Beta(1, 1) for ``bernoulli``).
+        transform: strictly increasing reward transform applied before the update
+            (``None``: identity). Accepts a kind name or dict, e.g. ``"logit"``.
+        max_failures: failed samples tolerated by the engine before stopping with ``error``.
+    """
+
+    cost: float = 0.1
+    horizon: int = 32
+    family: str = "normal"
+    batch_size: int = 1
+    robust: bool = True
+    robust_quantile: float = 0.01
+    prior: Prior | None = None
+    transform: RewardTransform | None = field(default=None)
+    max_failures: int = 3
+    # Derived once at construction (the Stopper reads them on every decision).
+    _prior: Prior = field(init=False, repr=False, compare=False)
+    _k0: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        from beacon.families import get_family
+
+        cost = self.cost
+        if isinstance(cost, bool) or not isinstance(cost, int | float):
+            raise ConfigError("cost", cost, "must be a positive real number")
+        if not math.isfinite(cost) or cost <= 0:
+            raise ConfigError("cost", cost, "must be finite and > 0")
+        object.__setattr__(self, "cost", float(cost))
+        for name in ("horizon", "batch_size", "max_failures"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(name, v, "must be an integer")
+        if self.batch_size < 1:
+            raise ConfigError("batch_size", self.batch_size, "must be >= 1")
+        if self.max_failures < 0:
+            raise ConfigError("max_failures", self.max_failures, "must be >= 0")
+        if not isinstance(self.robust, bool):
+            raise ConfigError("robust", self.robust, "must be True or False")
+        q = self.robust_quantile
+        if isinstance(q, bool) or not isinstance(q, int | float) or not (0.0 < q < 0.5):
+            raise ConfigError("robust_quantile", q, "must be in (0, 0.5)")
+        object.__setattr__(self, "robust_quantile", float(q))
+        if isinstance(self.prior, dict):
+            object.__setattr__(self, "prior", prior_from_dict(self.prior))
+        object.__setattr__(self, "transform", make_transform(self.transform))
+        fam = get_family(self.family)  # raises UnknownFamilyError listing the registered ones
+        prior = fam.default_prior() if self.prior is None else self.prior
+        fam.check_prior(prior)
+        object.__setattr__(self, "_prior", prior)
+        object.__setattr__(self, "_k0", max(1, prior.k0))
+        if self.horizon < self.k0 + 1:
+            raise ConfigError(
+                "horizon", self.horizon, f"must be >= k0 + 1 = {self.k0 + 1} for this prior"
+            )
+        fam.check_config(self)
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def resolved_prior(self) -> Prior:
+        """The prior in force (the family default when ``prior`` is None)."""
+        return self._prior
+
+    @property
+    def k0(self) -> int:
+        """Samples drawn before the first decision: the prior's k0, never fewer than 1."""
+        return self._k0
+
+    def replace(self, **changes: Any) -> BeaconConfig:
+        """A validated copy with ``changes`` applied."""
+        return replace(self, **changes)
+
+    # -- serialization -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; :meth:`from_dict` inverts it."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if not f.init:
+                continue
+            v = getattr(self, f.name)
+            if isinstance(v, NIGPrior | BetaPrior | RewardTransform):
+                v = v.to_dict()
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BeaconConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("config", data, "must be a JSON object")
+        known = {f.name for f in fields(cls) if f.init}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                unknown[0], data[unknown[0]], f"unknown config field; known: {sorted(known)}"
+            )
+        kwargs = dict(data)
+        if isinstance(kwargs.get("prior"), dict):
+            kwargs["prior"] = prior_from_dict(kwargs["prior"])
+        return cls(**kwargs)

@@ -1,0 +1,191 @@
+"""Offline demo generator and scorers: no API key, no server, deterministic by seed.
+
+They stand in for an LLM and a reward model so that a bulk job runs on a fresh machine::
+
+    beacon run examples/prompts.jsonl --generator beacon.demo:generator \\
+        --scorer beacon.demo:scorer --out out.jsonl --dpo dpo.jsonl
+
+Reward model (``scorer``): each prompt ``p`` has a latent quality ``mu_p ~ N(0, 1)`` and spread
+``sigma_p = exp(N(-0.5, 0.4^2))`` (reward-model units); a response ``r`` to ``p`` scores
+``mu_p + sigma_p * e`` with ``e`` a standard normal, except for a 4% share of degenerate
+responses that score ``mu_p - 4 sigma_p`` (the low outliers the robust update is for). All draws
+come from SHA-256 of (seed, prompt, response), so equal inputs give equal rewards on every
+machine.
+
+Verifier (``verifier``, for ``family="bernoulli"``): 1.0 when the last ``\\boxed{...}`` answer of
+the response equals the record's ``reference``, else 0.0. The generator answers a prompt that
+has a ``reference`` correctly with a per-prompt probability ``q_p ~ U(0.05, 0.95)``.
+
+Each factory returns an object with ``bind(record)``; the job runner binds it once per prompt,
+so the ``i``-th sample of a prompt is the same whatever process or order runs it. Optional
+``latency_ms`` (per call, asyncio sleep) and ``fail_rate`` (share of calls raising
+:class:`DemoTransientError`, retryable) simulate a real endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+__all__ = ["DemoGenerator", "DemoScorer", "DemoTransientError", "DemoVerifier", "generator",
+           "scorer", "verifier"]
+
+_OPENINGS = (
+    "Here is a concise answer.",
+    "Let me think step by step.",
+    "Short version first, details after.",
+    "There are a few ways to look at this.",
+    "Good question.",
+    "In brief:",
+)
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+class DemoTransientError(ConnectionError):
+    """A simulated transient endpoint failure (retryable: a ``ConnectionError``)."""
+
+    retryable = True
+
+
+def _text_of(prompt: Any) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def _uniforms(*parts: Any, n: int = 2) -> list[float]:
+    """``n`` independent U(0, 1) from SHA-256 of ``parts`` (8 bytes each, never 0 or 1)."""
+    h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
+    while len(h) < 8 * n:
+        h += hashlib.sha256(h).digest()
+    return [(int.from_bytes(h[8 * i:8 * i + 8], "big") + 0.5) / 2.0**64 for i in range(n)]
+
+
+def _normal(*parts: Any) -> float:
+    u1, u2 = _uniforms(*parts, n=2)
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+def _check(name: str, value: Any, lo: float, hi: float) -> float:
+    from beacon.errors import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise ConfigError(name, value, f"must be a number in [{lo}, {hi}]")
+    return float(value)
+
+
+class _Base:
+    def __init__(self, seed: int = 0, latency_ms: float = 0.0, fail_rate: float = 0.0) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            from beacon.errors import ConfigError
+
+            raise ConfigError("seed", seed, "must be an integer")
+        self.seed = seed
+        self.latency = _check("latency_ms", latency_ms, 0.0, 600_000.0) / 1000.0
+        self.fail_rate = _check("fail_rate", fail_rate, 0.0, 1.0)
+
+    async def _io(self, *parts: Any) -> None:
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if self.fail_rate and _uniforms(self.seed, "fail", *parts, n=1)[0] < self.fail_rate:
+            raise DemoTransientError("demo endpoint: simulated 503")
+
+
+class DemoGenerator(_Base):
+    """Canned responses; ``bind(record)`` gives the per-prompt ``async generate(prompt)``."""
+
+    def __init__(self, seed: int = 0, latency_ms: float = 0.0, fail_rate: float = 0.0) -> None:
+        super().__init__(seed, latency_ms, fail_rate)
+        self._unbound: dict[str, Callable[[Any], Awaitable[str]]] = {}
+
+    def bind(self, record: Mapping[str, Any]) -> Callable[[Any], Awaitable[str]]:
+        reference = record.get("reference")
+        counter = [0]
+
+        async def generate(prompt: Any) -> str:
+            i = counter[0]
+            counter[0] += 1
+            text = _text_of(prompt)
+            await self._io(text, "gen", i)
+            u_open, u_ok, u_wrong = _uniforms(self.seed, "gen", text, i, n=3)
+            opening = _OPENINGS[int(u_open * len(_OPENINGS))]
+            body = f"{opening} Draft {i} for: {text[:60]}"
+            if reference is None:
+                return body
+            q = 0.05 + 0.9 * _uniforms(self.seed, "difficulty", text, n=1)[0]
+            answer = str(reference) if u_ok < q else f"{reference}{1 + int(u_wrong * 9)}"
+            return f"{body} The answer is \\boxed{{{answer}}}."
+
+        return generate
+
+    async def __call__(self, prompt: Any) -> str:
+        """Unbound use (e.g. directly in a BeaconSampler): one counter per prompt text."""
+        text = _text_of(prompt)
+        bound = self._unbound.get(text)
+        if bound is None:
+            bound = self._unbound[text] = self.bind({})
+        return await bound(prompt)
+
+
+class DemoScorer(_Base):
+    """Reward-model stand-in: ``mu_p + sigma_p * e`` (see the module docstring)."""
+
+    def __init__(self, seed: int = 0, latency_ms: float = 0.0, fail_rate: float = 0.0,
+                 outlier_rate: float = 0.04) -> None:
+        super().__init__(seed, latency_ms, fail_rate)
+        self.outlier_rate = _check("outlier_rate", outlier_rate, 0.0, 1.0)
+
+    def reward(self, prompt: Any, response: str) -> float:
+        text = _text_of(prompt)
+        mu = _normal(self.seed, "mu", text)
+        sigma = math.exp(-0.5 + 0.4 * _normal(self.seed, "sigma", text))
+        if _uniforms(self.seed, "outlier", text, response, n=1)[0] < self.outlier_rate:
+            return mu - 4.0 * sigma
+        return mu + sigma * _normal(self.seed, "e", text, response)
+
+    def bind(self, record: Mapping[str, Any]) -> Callable[[Any, str], Awaitable[float]]:
+        return self.__call__
+
+    async def __call__(self, prompt: Any, response: str) -> float:
+        await self._io(_text_of(prompt), "score", response)
+        return self.reward(prompt, response)
+
+
+class DemoVerifier(_Base):
+    """1.0 if the last ``\\boxed{}`` answer equals the record's ``reference``, else 0.0."""
+
+    def bind(self, record: Mapping[str, Any]) -> Callable[[Any, str], Awaitable[float]]:
+        reference = record.get("reference")
+        if reference is None:
+            from beacon.errors import ConfigError
+
+            raise ConfigError("reference", None,
+                              f"the demo verifier needs a reference answer (prompt id "
+                              f"{record.get('id')!r})")
+        want = str(reference).strip()
+
+        async def verify(prompt: Any, response: str) -> float:
+            await self._io(_text_of(prompt), "verify", response)
+            found = _BOXED.findall(response)
+            return 1.0 if found and found[-1].strip() == want else 0.0
+
+        return verify
+
+
+def generator(seed: int = 0, latency_ms: float = 0.0, fail_rate: float = 0.0) -> DemoGenerator:
+    """Factory for ``--generator beacon.demo:generator``."""
+    return DemoGenerator(seed, latency_ms, fail_rate)
+
+
+def scorer(seed: int = 0, latency_ms: float = 0.0, fail_rate: float = 0.0,
+           outlier_rate: float = 0.04) -> DemoScorer:
+    """Factory for ``--scorer beacon.demo:scorer`` (continuous rewards, ``normal`` family)."""
+    return DemoScorer(seed, latency_ms, fail_rate, outlier_rate)
+
+
+def verifier(seed: int = 0, latency_ms: float = 0.0, fail_rate: float = 0.0) -> DemoVerifier:
+    """Factory for ``--scorer beacon.demo:verifier`` (0/1 rewards, ``bernoulli`` family)."""
+    return DemoVerifier(seed, latency_ms, fail_rate)

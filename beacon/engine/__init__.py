@@ -1,0 +1,14 @@
+"""The async sampling engine: the only part of ``beacon`` that performs I/O.
+
+* :mod:`beacon.engine.protocol` -- the model/scorer protocol (``Generation``, ``BatchScorer``).
+* :mod:`beacon.engine.calls` -- one guarded call (slot, rate limiter, timeout, retries).
+* :mod:`beacon.engine.query` -- the driver of one query around the Stopper.
+* :mod:`beacon.engine.sampler` -- :class:`BeaconSampler`, the public entry point.
+"""
+
+from __future__ import annotations
+
+from beacon.engine.protocol import BatchScorer, Generation, coerce_generation
+from beacon.engine.sampler import BeaconSampler
+
+__all__ = ["BatchScorer", "BeaconSampler", "Generation", "coerce_generation"]

@@ -1,0 +1,248 @@
+"""The small protocol the engine takes for models and scorers, and its normalisation.
+
+Model (``generate``): any of
+
+* a callable ``generate(prompt)``, sync or async, returning ``str`` or :class:`Generation`;
+* an object with an async ``ainvoke(prompt)`` (LangChain runnables and chat models) or
+  ``acomplete(prompt)`` (LlamaIndex LLMs), found by duck typing; never imported here.
+
+Its return value may be a ``str``, a :class:`Generation`, or (duck-typed) a LangChain message
+(``.content`` and optional ``.usage_metadata``), a LlamaIndex ``CompletionResponse`` (``.text``)
+or ``ChatResponse`` (``.message.content``). The original object is kept as ``Generation.raw``.
+
+Scorer (``score``): a callable ``score(prompt, response_text) -> float`` (sync or async), or a
+batched one ``score(prompt, [texts]) -> [floats]``. Batching is declared, never guessed: wrap the
+callable in :class:`BatchScorer`, or give the callable/object a ``batched = True`` attribute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "BatchScorer",
+    "GenerateFn",
+    "Generation",
+    "ScoreFn",
+    "coerce_generation",
+    "is_batched",
+    "is_inline_sync",
+    "make_generate",
+    "make_score",
+]
+
+
+@dataclass(slots=True)
+class Generation:
+    """One model response.
+
+    Attributes:
+        text: the response text passed to the scorer and kept on the candidate.
+        input_tokens / output_tokens: tokens billed for this call, if the model reports them.
+        cost: money for this call, if known (currency of your choice, consistent with any
+            :class:`~beacon.budget.Budget`).
+        raw: the model's own response object (e.g. an ``AIMessage``); kept in memory, never
+            serialized.
+    """
+
+    text: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost: float | None = None
+    raw: Any = field(default=None, repr=False, compare=False)
+
+
+class BatchScorer:
+    """Marks ``fn(prompt, [texts]) -> [floats]`` (sync or async) as a batched scorer."""
+
+    batched = True
+
+    def __init__(self, fn: Callable[[Any, list[str]], Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"BatchScorer needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+
+    def __call__(self, prompt: Any, texts: list[str]) -> Any:
+        return self.fn(prompt, texts)
+
+    def __repr__(self) -> str:
+        return f"BatchScorer({self.fn!r})"
+
+
+GenerateFn = Callable[[Any], Awaitable[Generation]]
+ScoreFn = Callable[[Any, list[str]], Awaitable[list[float]]]
+
+
+def is_batched(score: Any) -> bool:
+    """Declared batched: a ``batched`` attribute that is exactly ``True``."""
+    return getattr(score, "batched", False) is True
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # LangChain content blocks
+        parts = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict) and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+        return "".join(parts)
+    raise TypeError(f"model response content must be str or list, got {type(content).__name__}")
+
+
+def _int_or_none(v: Any) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def coerce_generation(out: Any) -> Generation:
+    """Normalise a model's return value to a :class:`Generation` (``TypeError`` if unknown)."""
+    if isinstance(out, Generation):
+        return out
+    if isinstance(out, str):
+        return Generation(out)
+    if hasattr(out, "content"):  # LangChain BaseMessage
+        usage = getattr(out, "usage_metadata", None)
+        it = ot = None
+        if isinstance(usage, dict):
+            it, ot = _int_or_none(usage.get("input_tokens")), _int_or_none(
+                usage.get("output_tokens")
+            )
+        return Generation(_content_text(out.content), it, ot, None, out)
+    text = getattr(out, "text", None)
+    if isinstance(text, str):  # LlamaIndex CompletionResponse
+        return Generation(text, raw=out)
+    msg = getattr(out, "message", None)
+    if msg is not None and hasattr(msg, "content"):  # LlamaIndex ChatResponse
+        content = msg.content
+        return Generation("" if content is None else _content_text(content), raw=out)
+    raise TypeError(
+        "generate must return str, Generation, or a message/response with text content; "
+        f"got {type(out).__name__}"
+    )
+
+
+async def _maybe_await(v: Any) -> Any:
+    return await v if inspect.isawaitable(v) else v
+
+
+def _awaitable(v: Any) -> bool:
+    # Plain values (str, float) are the common sync case; skip the slower generic check.
+    return type(v) not in (str, float, int, Generation) and inspect.isawaitable(v)
+
+
+def make_generate(generate: Any, *, offload_sync: bool = False) -> GenerateFn:
+    """An async ``prompt -> Generation`` from any supported model object."""
+    ainvoke = getattr(generate, "ainvoke", None)
+    if callable(ainvoke):
+        async def via_ainvoke(prompt: Any) -> Generation:
+            return coerce_generation(await ainvoke(prompt))
+        return via_ainvoke
+    acomplete = getattr(generate, "acomplete", None)
+    if callable(acomplete):
+        async def via_acomplete(prompt: Any) -> Generation:
+            return coerce_generation(await acomplete(prompt))
+        return via_acomplete
+    if not callable(generate):
+        raise TypeError(
+            "generate must be a callable, or have an async ainvoke/acomplete method; "
+            f"got {type(generate).__name__}"
+        )
+    if offload_sync and not _is_async_callable(generate):
+        async def via_thread(prompt: Any) -> Generation:
+            return coerce_generation(await _maybe_await(await asyncio.to_thread(generate, prompt)))
+        return via_thread
+
+    async def via_call(prompt: Any) -> Generation:
+        out = generate(prompt)
+        if _awaitable(out):
+            out = await out
+        return out if type(out) is Generation else coerce_generation(out)
+    return via_call
+
+
+def is_inline_sync(fn: Any, *, offload_sync: bool = False) -> bool:
+    """A synchronous callable the engine calls inline on the loop (not offloaded).
+
+    Such a call cannot be interrupted by a timeout, and it never yields to the loop, so the
+    engine skips the timeout and the concurrency slot for it (the rate limiter still applies).
+    """
+    inner = fn.fn if isinstance(fn, BatchScorer) else fn
+    return (
+        not offload_sync
+        and not _is_async_callable(inner)
+        and not callable(getattr(fn, "ainvoke", None))
+        and not callable(getattr(fn, "acomplete", None))
+    )
+
+
+def _is_async_callable(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - instances with an async __call__
+    )
+
+
+def _check_rewards(out: Any, n: int) -> list[float]:
+    if isinstance(out, str | bytes) or not isinstance(out, Sequence | list | tuple):
+        try:
+            out = list(out)
+        except TypeError as exc:
+            raise TypeError(
+                f"batched scorer must return a list of {n} rewards, got {type(out).__name__}"
+            ) from exc
+    vals = list(out)
+    if len(vals) != n:
+        raise ValueError(f"batched scorer returned {len(vals)} rewards for {n} responses")
+    return vals
+
+
+def make_score(
+    score: Any, *, offload_sync: bool = False, late_timeout: float | None = None
+) -> tuple[ScoreFn, bool]:
+    """``(fn, batched)``: an async ``(prompt, texts) -> rewards`` and whether it batches.
+
+    For a single scorer ``fn`` takes a one-element list (the engine scores samples one by one).
+    Rewards are returned as given (validated by the Stopper). ``late_timeout`` bounds the
+    await when a synchronous scorer (run inline, see :func:`is_inline_sync`) unexpectedly
+    returns an awaitable.
+    """
+    if not callable(score):
+        raise TypeError(f"score must be callable, got {type(score).__name__}")
+    batched = is_batched(score)
+    thread = offload_sync and not _is_async_callable(score) and not (
+        isinstance(score, BatchScorer) and _is_async_callable(score.fn)
+    )
+
+    async def call(prompt: Any, texts: list[str]) -> Any:
+        arg: Any = texts if batched else texts[0]
+        if thread:
+            out = await asyncio.to_thread(score, prompt, arg)
+        else:
+            out = score(prompt, arg)
+        if _awaitable(out):
+            async with asyncio.timeout(late_timeout):
+                out = await out
+        return out
+
+    if batched:
+        async def batch_fn(prompt: Any, texts: list[str]) -> list[float]:
+            return _check_rewards(await call(prompt, texts), len(texts))
+        return batch_fn, True
+
+    if thread:
+        async def single_thread(prompt: Any, texts: list[str]) -> list[float]:
+            return [await call(prompt, texts)]
+        return single_thread, False
+
+    async def single_fn(prompt: Any, texts: list[str]) -> list[float]:
+        out = score(prompt, texts[0])
+        if _awaitable(out):
+            async with asyncio.timeout(late_timeout):
+                out = await out
+        return [out]
+    return single_fn, False

@@ -1,0 +1,347 @@
+"""The driver of one query: feeds a :class:`~beacon.stopper.Stopper` from concurrent samples.
+
+Loop: ask the Stopper; on ``Draw(count)`` start ``count`` samples at once (the first ``k0``
+together, then 1 in sequential mode or ``min(b, n - k)`` in batch mode); feed their rewards in
+draw order as the prefix of the batch completes (a failed sample is ``discard``-ed, never a
+reward); ask again only when the whole batch is in, i.e. decisions happen at batch boundaries
+exactly as in the paper's batch mode. With a batched scorer the batch's texts are scored in one
+call once all of them are generated.
+
+The query ends early, cancelling samples in flight (they are not charged), when failed samples
+exceed ``cfg.max_failures`` (``error``) or a :class:`~beacon.budget.Budget` cap is reached
+(``budget``). An unexpected exception (including one raised by an observer) also ends the query
+with ``error``; the result keeps every candidate observed so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import numbers
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from beacon.budget import Budget
+from beacon.config import BeaconConfig
+from beacon.engine.calls import CallGuard, guarded_call
+from beacon.engine.protocol import GenerateFn, ScoreFn
+from beacon.errors import RewardError
+from beacon.events import DecisionEvent, Observer, SampleEvent, emit
+from beacon.result import BeaconResult, Candidate, Usage
+from beacon.stopper import Stop, Stopper
+
+__all__ = ["EngineContext", "QueryRun"]
+
+
+@dataclass(slots=True)
+class EngineContext:
+    """Everything a query needs from its sampler, bound to the running event loop."""
+
+    cfg: BeaconConfig
+    generate: GenerateFn
+    score: ScoreFn
+    batched: bool
+    model_guard: CallGuard
+    score_guard: CallGuard
+    budget: Budget | None
+    cfg_dict: dict[str, Any]
+
+
+def _err(exc: BaseException) -> str:
+    msg = str(exc)
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+class _StopQuery(Exception):
+    """Internal: a cap was reached inside a batch."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class QueryRun:
+    """One query's state; :meth:`run` drives it to a :class:`BeaconResult`."""
+
+    def __init__(
+        self,
+        ctx: EngineContext,
+        prompt: Any,
+        observers: Sequence[Observer],
+        metadata: dict[str, Any] | None,
+        query_id: int | None,
+    ) -> None:
+        self.ctx = ctx
+        self.prompt = prompt
+        self.observers = tuple(observers)
+        self.metadata = dict(metadata or {})
+        self.query_id = query_id
+        self.stopper = Stopper(ctx.cfg)
+        self.usage = Usage()
+        self.candidates: list[Candidate] = []
+        self.failures = 0
+        self.counted: set[int] = set()
+        self.last_error: str | None = None
+        self.next_index = 0
+        self.n_emitted = 0
+        self.t0 = 0.0
+        self.deadline: float | None = None
+
+    # -- top level ------------------------------------------------------------------------------
+    async def run(self) -> BeaconResult:
+        self.t0 = time.perf_counter()
+        b = self.ctx.budget
+        if b is not None and b.max_seconds is not None:
+            self.deadline = self.t0 + b.max_seconds
+        error: str | None = None
+        try:
+            while True:
+                d = self.stopper.next_decision()
+                await self._emit_decisions()
+                if isinstance(d, Stop):
+                    break
+                if self._over_budget():
+                    self.stopper.stop("budget")
+                    await self._emit_decisions()
+                    break
+                reason = await self._batch(d.count)
+                if reason is not None:
+                    self.stopper.stop(reason)
+                    await self._emit_decisions()
+                    break
+        except Exception as exc:
+            error = _err(exc)
+            if self.stopper.stopped is None:
+                self.stopper.stop("error")
+        stop = self.stopper.stopped
+        reason = stop.reason if stop is not None else "error"
+        if reason == "error" and error is None:
+            error = self.last_error
+        self.usage.wall_seconds = time.perf_counter() - self.t0
+        return BeaconResult(
+            prompt=self.prompt,
+            candidates=sorted(self.candidates, key=lambda c: c.index),
+            n_samples=self.stopper.k,
+            stop_reason=reason,
+            trace=self.stopper.trace,
+            usage=self.usage,
+            error=error,
+            metadata=self.metadata,
+            config=dict(self.ctx.cfg_dict),
+        )
+
+    # -- one batch ------------------------------------------------------------------------------
+    async def _batch(self, count: int) -> str | None:
+        """Draw ``count`` samples; return a stop reason if a cap was reached, else None."""
+        if count == 1 and self.deadline is None and not self.ctx.batched:
+            return await self._single()
+        cands = [Candidate(self.next_index + i, "") for i in range(count)]
+        self.next_index += count
+        tasks = [asyncio.ensure_future(self._sample(c)) for c in cands]
+        by_task: dict[asyncio.Future[None], int] = {t: i for i, t in enumerate(tasks)}
+        done_flags = [False] * count
+        observed = [False] * count
+        nxt = 0
+        pending: set[asyncio.Future[None]] = set(tasks)
+        try:
+            while pending:
+                timeout = None
+                if self.deadline is not None:
+                    timeout = self.deadline - time.perf_counter()
+                    if timeout <= 0:
+                        raise _StopQuery("budget")
+                done, pending = await asyncio.wait(
+                    pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    raise _StopQuery("budget")
+                for t in done:
+                    i = by_task[t]
+                    done_flags[i] = True
+                    self.usage.merge(cands[i].usage)
+                    if cands[i].failed:
+                        # Counted on completion, not in draw order, so that a slow earlier
+                        # sample cannot delay the max_failures stop.
+                        self._count_failure(cands[i])
+                if not self.ctx.batched:
+                    while nxt < count and done_flags[nxt]:
+                        await self._observe(cands[nxt])
+                        observed[nxt] = True
+                        nxt += 1
+                self._check_caps()
+            if self.ctx.batched:
+                await self._score_batch(cands)
+                for i, c in enumerate(cands):
+                    await self._observe(c)
+                    observed[i] = True
+                self._check_caps()
+        except _StopQuery as sq:
+            await self._cancel(pending, cands, done_flags)
+            for i, c in enumerate(cands):
+                if done_flags[i] and not observed[i]:
+                    if self.ctx.batched and not c.failed:
+                        self.usage.cancelled += 1  # generated, never scored: not charged
+                    else:
+                        await self._observe(c)
+                    observed[i] = True
+            return sq.reason
+        except BaseException:
+            await self._cancel(pending, cands, done_flags)
+            raise
+        return None
+
+    async def _single(self) -> str | None:
+        # Sequential mode without a deadline: nothing can be in flight beside this sample, so
+        # it is awaited directly (no task, no wait set) -- the engine's hot path.
+        cand = Candidate(self.next_index, "")
+        self.next_index += 1
+        await self._sample(cand)
+        self.usage.merge(cand.usage)
+        await self._observe(cand)
+        try:
+            self._check_caps()
+        except _StopQuery as sq:
+            return sq.reason
+        return None
+
+    async def _cancel(
+        self, pending: set[asyncio.Future[None]], cands: list[Candidate], done_flags: list[bool]
+    ) -> None:
+        if not pending:
+            return
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for i, c in enumerate(cands):
+            if not done_flags[i]:
+                # The calls a cancelled sample made (and tokens it reported) were spent.
+                self.usage.merge(c.usage)
+                self.usage.cancelled += 1
+
+    def _check_caps(self) -> None:
+        if self.failures > self.ctx.cfg.max_failures:
+            raise _StopQuery("error")
+        if self._over_budget():
+            raise _StopQuery("budget")
+
+    def _over_budget(self) -> bool:
+        b = self.ctx.budget
+        if b is None:
+            return False
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return True
+        return b.exceeded(self.usage.total_tokens, self.usage.cost)
+
+    # -- one sample -----------------------------------------------------------------------------
+    async def _sample(self, cand: Candidate) -> None:
+        ctx = self.ctx
+        t0 = time.perf_counter()
+        try:
+            gen = await guarded_call(
+                ctx.model_guard, ctx.generate, (self.prompt,), cand.usage, model=True
+            )
+            cand.text, cand.raw = gen.text, gen.raw
+            cand.usage.add_tokens(gen.input_tokens, gen.output_tokens)
+            cost = gen.cost
+            if cost is None and ctx.budget is not None:
+                cost = ctx.budget.price(gen.input_tokens, gen.output_tokens)
+            cand.usage.add_cost(cost)
+            if not ctx.batched:
+                rewards = await guarded_call(
+                    ctx.score_guard, ctx.score, (self.prompt, [gen.text]), cand.usage, model=False
+                )
+                cand.reward = _as_reward(rewards[0], cand.index)
+        except Exception as exc:
+            cand.failed, cand.error = True, _err(exc)
+        finally:
+            cand.usage.wall_seconds = time.perf_counter() - t0
+
+    async def _score_batch(self, cands: list[Candidate]) -> None:
+        ok = [c for c in cands if not c.failed]
+        if not ok:
+            return
+        ctx = self.ctx
+        t0 = time.perf_counter()
+        call = asyncio.ensure_future(
+            guarded_call(
+                ctx.score_guard, ctx.score, (self.prompt, [c.text for c in ok]), self.usage,
+                model=False,
+            )
+        )
+        try:
+            timeout = None if self.deadline is None else self.deadline - time.perf_counter()
+            done, _ = await asyncio.wait({call}, timeout=timeout)
+            if not done:
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+                raise _StopQuery("budget")
+            rewards = call.result()
+            for c, r in zip(ok, rewards, strict=True):
+                try:
+                    c.reward = _as_reward(r, c.index)
+                except RewardError as exc:
+                    c.failed, c.error = True, _err(exc)
+        except _StopQuery:
+            raise
+        except Exception as exc:
+            for c in ok:
+                c.failed, c.error = True, _err(exc)
+        except BaseException:
+            call.cancel()
+            raise
+        finally:
+            dt = time.perf_counter() - t0
+            for c in ok:
+                c.usage.wall_seconds += dt
+
+    # -- feeding the Stopper --------------------------------------------------------------------
+    async def _observe(self, cand: Candidate) -> None:
+        st = self.stopper
+        if not cand.failed:
+            assert cand.reward is not None
+            try:
+                st.observe(cand.reward)
+            except RewardError as exc:
+                cand.failed, cand.error = True, _err(exc)
+        if cand.failed:
+            cand.reward = None
+            st.discard(1)
+            self._count_failure(cand)
+        self.candidates.append(cand)
+        if self.observers:
+            await emit(
+                self.observers,
+                SampleEvent(st.k, cand.index, cand.reward, cand.text, cand.failed, cand.error,
+                            cand.usage.wall_seconds, self.query_id),
+            )
+
+    def _count_failure(self, cand: Candidate) -> None:
+        if cand.index not in self.counted:
+            self.counted.add(cand.index)
+            self.failures += 1
+            self.last_error = cand.error
+
+    async def _emit_decisions(self) -> None:
+        if not self.observers:
+            return
+        trace = self.stopper.trace
+        new = trace[self.n_emitted:]
+        self.n_emitted = len(trace)
+        if self.observers:
+            for rec in new:
+                await emit(self.observers, DecisionEvent.from_record(rec, self.query_id))
+
+
+def _as_reward(r: Any, position: int) -> float:
+    if type(r) is float:
+        if math.isfinite(r):
+            return r
+        raise RewardError(position, r, "reward must be finite")
+    if not isinstance(r, numbers.Real):
+        raise RewardError(position, r, "scorer must return a real number")
+    x = float(r)
+    if not math.isfinite(x):
+        raise RewardError(position, r, "reward must be finite")
+    return x

@@ -1,0 +1,316 @@
+"""BeaconSampler: BEACON best-of-N sampling for one query or many, async first.
+
+Concurrency model. One sampler owns two semaphores per event loop: ``max_concurrency`` slots for
+model calls and ``max_score_concurrency`` for scorer calls, shared by every query the sampler
+runs on that loop (the global limit). The optional ``rate_limiter`` (asyncio-throttle's
+``Throttler``, aiolimiter's ``AsyncLimiter``, or any async context manager) is entered around
+every attempt of every model and scorer call. ``timeout`` bounds each attempt (seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import weakref
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, aclosing
+from typing import Any
+
+from beacon._sync import run_sync
+from beacon.budget import Budget
+from beacon.config import BeaconConfig
+from beacon.engine.calls import CallGuard
+from beacon.engine.protocol import is_inline_sync, make_generate, make_score
+from beacon.engine.query import EngineContext, QueryRun
+from beacon.errors import ConfigError
+from beacon.events import Observer
+from beacon.result import BeaconResult
+from beacon.retry import RetryPolicy
+
+__all__ = ["BeaconSampler"]
+
+_DEFAULT_RETRY = RetryPolicy()
+
+
+def _positive_int(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(name, v, "must be an integer >= 1")
+    return v
+
+
+def _timeout(name: str, v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+        raise ConfigError(name, v, "must be a positive number of seconds or None")
+    return float(v)
+
+
+class BeaconSampler:
+    """Adaptive best-of-N sampling driven by a :class:`~beacon.stopper.Stopper`.
+
+    Args:
+        generate: the model -- ``generate(prompt) -> str | Generation`` (sync or async), or an
+            object with async ``ainvoke`` / ``acomplete`` (see :mod:`beacon.engine.protocol`).
+        score: ``score(prompt, text) -> float`` (sync or async), or a batched scorer
+            (:class:`~beacon.engine.protocol.BatchScorer` or ``batched = True``).
+        cfg: the stopping problem (cost ``c``, horizon ``n``, family, batch size, ...).
+        max_concurrency: model calls in flight at once across all queries of this sampler.
+        max_score_concurrency: scorer calls in flight at once; ``None``: same as
+            ``max_concurrency`` (a separate pool, so scoring never waits behind generation).
+        rate_limiter: async context manager entered around every model and scorer call.
+        retry: retry policy of each call (default: 3 attempts, 0.5 s base, x2, full jitter).
+        timeout: seconds allowed per call attempt (model and scorer); ``None``: no limit.
+        budget: per-query caps on tokens, money and wall seconds (stop reason ``budget``).
+        observers: callables receiving :class:`~beacon.events.SampleEvent` and
+            :class:`~beacon.events.DecisionEvent` for every query.
+        offload_sync: run *synchronous* generate/score callables in worker threads
+            (``asyncio.to_thread``) so that blocking clients do not stall the event loop; by
+            default sync callables are assumed cheap and called inline.
+        seed: seed of the backoff jitter (reproducible retry timing in tests).
+
+    The prompt is opaque: it is passed unchanged to ``generate`` and ``score``.
+    """
+
+    def __init__(
+        self,
+        generate: Any,
+        score: Any,
+        cfg: BeaconConfig,
+        *,
+        max_concurrency: int = 64,
+        max_score_concurrency: int | None = None,
+        rate_limiter: AbstractAsyncContextManager[Any] | None = None,
+        retry: RetryPolicy = _DEFAULT_RETRY,
+        timeout: float | None = 60.0,
+        budget: Budget | None = None,
+        observers: Iterable[Observer] = (),
+        offload_sync: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(cfg, BeaconConfig):
+            raise ConfigError("cfg", cfg, "must be a beacon.BeaconConfig")
+        if not isinstance(retry, RetryPolicy):
+            raise ConfigError("retry", retry, "must be a beacon.RetryPolicy")
+        if budget is not None and not isinstance(budget, Budget):
+            raise ConfigError("budget", budget, "must be a beacon.Budget or None")
+        if rate_limiter is not None and not (
+            hasattr(rate_limiter, "__aenter__") and hasattr(rate_limiter, "__aexit__")
+        ):
+            raise ConfigError("rate_limiter", rate_limiter, "must be an async context manager")
+        self._cfg = cfg
+        self._generate_obj = generate
+        self._score_obj = score
+        self._generate = make_generate(generate, offload_sync=offload_sync)
+        self._score, self._batched = make_score(
+            score, offload_sync=offload_sync, late_timeout=_timeout("timeout", timeout)
+        )
+        self._score_inline = is_inline_sync(score, offload_sync=offload_sync)
+        self.max_concurrency = _positive_int("max_concurrency", max_concurrency)
+        self.max_score_concurrency = (
+            self.max_concurrency
+            if max_score_concurrency is None
+            else _positive_int("max_score_concurrency", max_score_concurrency)
+        )
+        self.rate_limiter = rate_limiter
+        self.retry = retry
+        self.timeout = _timeout("timeout", timeout)
+        self.budget = budget
+        self.observers: tuple[Observer, ...] = tuple(observers)
+        for obs in self.observers:
+            if not callable(obs):
+                raise ConfigError("observers", obs, "every observer must be callable")
+        self._rng = random.Random(seed)
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EngineContext] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- properties -----------------------------------------------------------------------------
+    @property
+    def cfg(self) -> BeaconConfig:
+        return self._cfg
+
+    @property
+    def batched_scorer(self) -> bool:
+        """Whether the scorer was declared batched."""
+        return self._batched
+
+    def __repr__(self) -> str:
+        return (
+            f"BeaconSampler(cfg={self._cfg!r}, max_concurrency={self.max_concurrency}, "
+            f"batched_scorer={self._batched}, timeout={self.timeout})"
+        )
+
+    # -- single query ---------------------------------------------------------------------------
+    async def arun(
+        self,
+        prompt: Any,
+        *,
+        observers: Iterable[Observer] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> BeaconResult:
+        """Sample for ``prompt`` until the Stopper (or a cap) says stop.
+
+        Never raises for model/scorer failures or observer errors: those end the query with
+        ``stop_reason="error"`` and ``result.error`` set, keeping every candidate so far.
+        ``observers`` are added to the sampler's own for this query.
+        """
+        return await self._arun(prompt, observers, metadata, None)
+
+    def run(
+        self,
+        prompt: Any,
+        *,
+        observers: Iterable[Observer] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> BeaconResult:
+        """Synchronous :meth:`arun`; works inside a running event loop (see ``beacon._sync``)."""
+        return run_sync(self.arun(prompt, observers=observers, metadata=metadata))
+
+    # -- many queries ---------------------------------------------------------------------------
+    async def arun_many(
+        self,
+        prompts: Iterable[Any],
+        *,
+        observers: Iterable[Observer] | None = None,
+        metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        max_active: int | None = None,
+    ) -> list[BeaconResult]:
+        """Results for every prompt, in input order; one query's failure never loses another's.
+
+        ``metadata``: one mapping for all prompts, or one per prompt. ``max_active``: queries
+        in progress at once (default ``4 * max_concurrency``); the concurrency limit on calls
+        applies across all of them either way.
+        """
+        items = list(prompts)
+        out: list[BeaconResult | None] = [None] * len(items)
+        stream = self.astream_many(
+            items, observers=observers, metadata=metadata, max_active=max_active
+        )
+        async with aclosing(stream):  # cancelling arun_many cancels the running queries
+            async for i, res in stream:
+                out[i] = res
+        assert all(r is not None for r in out)
+        return [r for r in out if r is not None]
+
+    def run_many(
+        self,
+        prompts: Iterable[Any],
+        *,
+        observers: Iterable[Observer] | None = None,
+        metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        max_active: int | None = None,
+    ) -> list[BeaconResult]:
+        """Synchronous :meth:`arun_many`; works inside a running event loop."""
+        return run_sync(
+            self.arun_many(prompts, observers=observers, metadata=metadata, max_active=max_active)
+        )
+
+    async def astream_many(
+        self,
+        prompts: Iterable[Any],
+        *,
+        observers: Iterable[Observer] | None = None,
+        metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        max_active: int | None = None,
+    ) -> AsyncGenerator[tuple[int, BeaconResult], None]:
+        """Yield ``(position, result)`` as queries finish (completion order).
+
+        Prompts are consumed lazily (at most ``max_active`` queries exist as tasks at once).
+        Event ``query_id`` is the prompt's position. Closing the generator early cancels the
+        queries still running; to close it deterministically when breaking out of the loop,
+        wrap it in ``contextlib.aclosing(...)`` (otherwise it is closed when collected).
+        """
+        active = self.max_concurrency * 4 if max_active is None else _positive_int(
+            "max_active", max_active
+        )
+        shared_meta: Mapping[str, Any] | None = None
+        meta_list: list[Mapping[str, Any] | None] = []
+        seq_meta = metadata is not None and not isinstance(metadata, Mapping)
+        if isinstance(metadata, Mapping):
+            shared_meta = metadata
+        elif metadata is not None:
+            if isinstance(metadata, str | bytes):
+                raise ConfigError("metadata", metadata, "must be a mapping or a list of them")
+            meta_list = list(metadata)
+        obs = tuple(observers) if observers is not None else None
+        it = iter(enumerate(prompts))
+        queue: asyncio.Queue[tuple[int, BeaconResult] | None] = asyncio.Queue()
+
+        async def worker() -> None:
+            for i, prompt in it:
+                if seq_meta:
+                    if i >= len(meta_list):
+                        raise ConfigError("metadata", len(meta_list), "fewer entries than prompts")
+                    meta = meta_list[i]
+                else:
+                    meta = shared_meta
+                try:
+                    res = await self._arun(prompt, obs, meta, i)
+                except Exception as exc:  # defensive: _arun only raises on misuse
+                    res = BeaconResult(
+                        prompt=prompt, stop_reason="error",
+                        error=f"{type(exc).__name__}: {exc}", metadata=dict(meta or {}),
+                        config=self._cfg.to_dict(),
+                    )
+                await queue.put((i, res))
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(active)]
+
+        async def closer() -> None:
+            try:
+                await asyncio.gather(*workers)
+            finally:
+                await queue.put(None)
+
+        close_task = asyncio.ensure_future(closer())
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                yield item
+            await close_task  # re-raise a worker's misuse error (e.g. short metadata)
+        finally:
+            for w in workers:
+                w.cancel()
+            close_task.cancel()
+            await asyncio.gather(*workers, close_task, return_exceptions=True)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _context(self) -> EngineContext:
+        # Semaphores bind to the loop they are first used on, and run() may start a new loop
+        # per call, so the shared limits are kept per event loop.
+        loop = asyncio.get_running_loop()
+        ctx = self._per_loop.get(loop)
+        if ctx is None:
+            ctx = EngineContext(
+                cfg=self._cfg,
+                generate=self._generate,
+                score=self._score,
+                batched=self._batched,
+                model_guard=CallGuard(
+                    asyncio.Semaphore(self.max_concurrency), self.rate_limiter, self.timeout,
+                    self.retry, self._rng,
+                ),
+                score_guard=CallGuard(
+                    None if self._score_inline else asyncio.Semaphore(self.max_score_concurrency),
+                    self.rate_limiter, None if self._score_inline else self.timeout, self.retry,
+                    self._rng,
+                ),
+                budget=self.budget,
+                cfg_dict=self._cfg.to_dict(),
+            )
+            self._per_loop[loop] = ctx
+        return ctx
+
+    async def _arun(
+        self,
+        prompt: Any,
+        observers: Iterable[Observer] | None,
+        metadata: Mapping[str, Any] | None,
+        query_id: int | None,
+    ) -> BeaconResult:
+        obs = self.observers + (tuple(observers) if observers is not None else ())
+        run = QueryRun(self._context(), prompt, obs, dict(metadata or {}), query_id)
+        return await run.run()

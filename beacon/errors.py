@@ -1,0 +1,53 @@
+"""Typed errors raised by BEACON.
+
+Every error names the offending field (or reward position) and its value so that a user can
+fix the input without reading a traceback from deep inside numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BeaconError", "ConfigError", "RewardError", "StopperStateError", "UnknownFamilyError"]
+
+
+class BeaconError(Exception):
+    """Base class of every error raised on purpose by BEACON."""
+
+
+class ConfigError(BeaconError, ValueError):
+    """An invalid configuration value; ``field`` and ``value`` say which one."""
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid {field}={value!r}: {reason}")
+
+
+class UnknownFamilyError(ConfigError):
+    """A reward family name that is not registered."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(
+            "family", name, f"unknown reward family; registered families: {', '.join(known)}"
+        )
+        self.known = known
+
+
+class RewardError(BeaconError, ValueError):
+    """A reward that cannot be used (NaN, infinite, or outside the family's support).
+
+    ``position`` is the 0-based index of the reward in the query's sequence of samples
+    (or ``(row, column)`` in a replay array).
+    """
+
+    def __init__(self, position: Any, value: Any, reason: str) -> None:
+        self.position = position
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid reward at position {position}: {value!r} ({reason})")
+
+
+class StopperStateError(BeaconError, RuntimeError):
+    """The Stopper was driven out of order (observe after Stop, or without a pending Draw)."""

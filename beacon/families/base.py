@@ -1,0 +1,70 @@
+"""The interface every reward family implements."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+if TYPE_CHECKING:
+    from beacon.config import BeaconConfig
+    from beacon.priors import Prior
+
+__all__ = ["Decision", "RewardFamily"]
+
+
+class Decision(NamedTuple):
+    """A family's answer for one state (k >= k0, k < n).
+
+    ``cont`` is the decision; ``reason`` is the stop reason when it stops (``index`` or
+    ``absorbed``); the remaining fields go to the trace (NaN where a family has no such notion):
+    ``zhat`` the standardized best reward, ``h`` the index value, ``threshold`` what ``h`` is
+    compared with (``c / sigma`` for ``normal``, ``c`` for ``bernoulli``).
+    """
+
+    cont: bool
+    reason: str | None
+    zhat: float
+    h: float
+    threshold: float
+
+
+class RewardFamily(ABC):
+    """A conjugate reward model plus its optimal stopping index.
+
+    States are immutable (``NamedTuple``) and carry at least ``k`` (rewards observed), ``z``
+    (best reward so far, ``-inf`` before any), ``mu`` and ``sigma`` (location and scale for the
+    trace; NaN where undefined). Rewards reaching :meth:`update` are finite and already validated
+    by :meth:`validate_reward` and transformed by the config's transform.
+    """
+
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def default_prior(self) -> Prior: ...
+
+    @abstractmethod
+    def check_prior(self, prior: Any) -> None:
+        """Raise :class:`beacon.ConfigError` if ``prior`` is not a prior of this family."""
+
+    def check_config(self, cfg: BeaconConfig) -> None:  # noqa: B027 - optional hook
+        """Family-specific validation of the whole config (optional)."""
+
+    @abstractmethod
+    def initial_state(self, cfg: BeaconConfig) -> Any: ...
+
+    def validate_reward(self, reward: float, position: int) -> float:
+        """Return the reward as a float or raise :class:`beacon.RewardError`."""
+        from beacon.errors import RewardError
+
+        if not math.isfinite(reward):
+            raise RewardError(position, reward, "rewards must be finite numbers")
+        return reward
+
+    @abstractmethod
+    def update(self, state: Any, reward: float, cfg: BeaconConfig) -> Any:
+        """O(1) posterior update with one (transformed) reward."""
+
+    @abstractmethod
+    def decide(self, state: Any, cfg: BeaconConfig) -> Decision:
+        """Continue or stop at ``state`` (called only for k0 <= k < n)."""

@@ -1,0 +1,138 @@
+"""The ``bernoulli`` family: Beta learning for binary verifiers (reward 0 or 1).
+
+State (k, z, a_k, b_k) with a_k = a0 + successes, b_k = b0 + failures (paper, appendix
+"Binary-Reward Variant", eq. ``bernoulli-update``). A success is absorbing: stop with reason
+``absorbed``. Otherwise continue iff c < h^B_{n,k}(a_k, b_k), the reservation cost of Theorem
+``thm:bernoulli_policy``: the unique root in [0, 1] of
+
+    phi_t(c) = q(a, b) + (1 - q(a, b)) R_{t-1}(a, b + 1; c) - c,   t = n - k,
+
+with R_0 = 0 and R_t(a, b; c) = max{0, q(a, b) + (1 - q(a, b)) R_{t-1}(a, b + 1; c) - c}
+(eq. ``R-recursion``), q(a, b) = a / (a + b). phi_t is continuous and strictly decreasing
+(Lemma ``lem:strict``), so bisection converges to the exact root; results are memoised.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from beacon.errors import ConfigError, RewardError
+from beacon.families import register_family
+from beacon.families.base import Decision, RewardFamily
+from beacon.priors import BetaPrior
+
+if TYPE_CHECKING:
+    from beacon.config import BeaconConfig
+
+__all__ = ["BernoulliFamily", "BernoulliState", "reservation_cost"]
+
+
+class BernoulliState(NamedTuple):
+    """Sufficient statistics (k, z, a_k, b_k)."""
+
+    k: int
+    z: float
+    a: float
+    b: float
+
+    @property
+    def mu(self) -> float:
+        """Posterior-predictive success probability q_k = a_k / (a_k + b_k)."""
+        return self.a / (self.a + self.b)
+
+    @property
+    def sigma(self) -> float:
+        return math.nan
+
+
+def _phi(t: int, a: float, b: float, c: float) -> float:
+    """phi_t(c) of Lemma ``lem:strict``, computing R_{t-1}(a, b + 1; c) bottom-up in O(t)."""
+    r = 0.0  # R_0(a, b + t; c)
+    for s in range(1, t):
+        bs = b + (t - s)
+        q = a / (a + bs)
+        r = max(0.0, q + (1.0 - q) * r - c)
+    q0 = a / (a + b)
+    return q0 + (1.0 - q0) * r - c
+
+
+@lru_cache(maxsize=65536)
+def _reservation(t: int, a: float, b: float) -> float:
+    lo, hi = 0.0, 1.0
+    if _phi(t, a, b, hi) >= 0.0:  # only when q(a, b) = 1, impossible for b > 0
+        return 1.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if _phi(t, a, b, mid) > 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def reservation_cost(n: int, k: int, a: float, b: float) -> float:
+    """h^B_{n,k}(a, b): continue (with no success yet) iff c < h^B_{n,k}(a, b).
+
+    Exact to floating-point resolution (bisection on the strictly decreasing phi_{n-k}).
+    """
+    for field, v in (("n", n), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(field, v, "must be an integer")
+    if not 0 <= k < n:
+        raise ConfigError("k", k, f"must satisfy 0 <= k < n = {n}")
+    a_f, b_f = float(a), float(b)
+    if not (math.isfinite(a_f) and a_f > 0):
+        raise ConfigError("a", a, "must be finite and > 0")
+    if not (math.isfinite(b_f) and b_f > 0):
+        raise ConfigError("b", b, "must be finite and > 0")
+    return _reservation(n - k, a_f, b_f)
+
+
+@register_family("bernoulli")
+class BernoulliFamily(RewardFamily):
+    """Binary rewards (0 = fail, 1 = success) with a Beta prior."""
+
+    def default_prior(self) -> BetaPrior:
+        return BetaPrior()
+
+    def check_prior(self, prior: Any) -> None:
+        if not isinstance(prior, BetaPrior):
+            raise ConfigError("prior", prior, "the bernoulli family needs a BetaPrior")
+
+    def check_config(self, cfg: BeaconConfig) -> None:
+        if cfg.transform is not None:
+            raise ConfigError(
+                "transform", cfg.transform, "the bernoulli family takes raw 0/1 rewards"
+            )
+        if cfg.cost >= 1.0:
+            # h^B <= 1, so c >= 1 would never sample past the first reward: almost surely a mistake.
+            raise ConfigError(
+                "cost", cfg.cost, "must be < 1 for the bernoulli family (rewards are 0/1)"
+            )
+
+    def initial_state(self, cfg: BeaconConfig) -> BernoulliState:
+        p = cfg.resolved_prior
+        assert isinstance(p, BetaPrior)
+        return BernoulliState(0, -math.inf, p.a0, p.b0)
+
+    def validate_reward(self, reward: float, position: int) -> float:
+        if reward not in (0.0, 1.0):
+            raise RewardError(position, reward, "the bernoulli family needs rewards 0 or 1")
+        return float(reward)
+
+    def update(self, state: BernoulliState, reward: float, cfg: BeaconConfig) -> BernoulliState:
+        return BernoulliState(
+            state.k + 1, max(state.z, reward), state.a + reward, state.b + 1.0 - reward
+        )
+
+    def decide(self, state: BernoulliState, cfg: BeaconConfig) -> Decision:
+        if state.z >= 1.0:
+            return Decision(False, "absorbed", math.nan, 0.0, cfg.cost)
+        h = _reservation(cfg.horizon - state.k, state.a, state.b)
+        if cfg.cost < h:
+            return Decision(True, None, math.nan, h, cfg.cost)
+        return Decision(False, "index", math.nan, h, cfg.cost)

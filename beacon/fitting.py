@@ -1,0 +1,722 @@
+"""Empirical-Bayes priors fitted on logged rewards, and the fitted Gaussianizing transform.
+
+Users almost always have rewards logged by earlier runs: a 2-D array, prompts x samples, NaN for
+a missing sample. Treating the prompts as exchangeable draws from a population, the population
+is the right prior for a new prompt, and fitting it by empirical Bayes replaces Jeffreys' prior
+(k0 = 3 rewards before the first decision, a scale learnt from three numbers) by a proper prior
+(k0 <= 1, a scale learnt from the whole log).
+
+Normal family — the hierarchy behind the paper's NIG prior (appendix "Priors and Minimal Sample
+Size", eq. ``hyperamareters_update``)::
+
+    1/sigma_p^2 ~ Gamma(alpha0, rate beta0),  mu_p | sigma_p ~ N(mu0, sigma_p^2 / nu0),
+    r_pi | mu_p, sigma_p ~ N(mu_p, sigma_p^2)          (prompt p, sample i)
+
+Default ``method="marginal"``: type-II maximum likelihood, maximising over (mu0, nu0, alpha0,
+beta0) the sum over prompts of the closed-form NIG evidence of each prompt's k_p rewards
+(mean rbar_p, within sum of squares S_p)::
+
+    log m_p = lgamma(alpha_k) - lgamma(alpha0) + alpha0 log beta0 - alpha_k log beta_k
+              + (1/2) log(nu0 / nu_k) - (k_p / 2) log(2 pi),
+    alpha_k = alpha0 + k_p/2,  nu_k = nu0 + k_p,
+    beta_k  = beta0 + S_p/2 + k_p nu0 (rbar_p - mu0)^2 / (2 nu_k)        (eq. hyperamareters_update)
+
+Why marginal likelihood and not moments: it weights every prompt by what its k_p rewards say
+(a prompt with one reward still informs mu0 and the predictive scale; moments need k_p >= 2),
+it is efficient, and it exists for every alpha0 > 0, while the moment equations need the
+fourth moment of sigma (alpha0 > 2) and break down exactly for the heavy-tailed scale
+populations that real reward models produce. ``method="moments"`` (below) is kept as the
+optimiser's starting point and as a cross-check.
+
+Bounds: alpha0 in [1/2, 100] (at 1/2 the predictive after one reward has 2 alpha0 + 1 = 2 degrees
+of freedom, the same as Jeffreys' prior at its k0 = 3, so the h-tables never see heavier tails
+than the default; at 100 the scale is known to +-5% a priori, i.e. the predictive is already
+normal, and homogeneous logs push alpha0 to this bound), nu0 in [1e-3, 1e3]. alpha0 and nu0
+are rounded to 4 significant digits: they select the h-table, and nothing statistical is lost
+at that precision.
+
+Bernoulli and judge families: Beta(a0, b0) by beta-binomial marginal likelihood (for ``judge``
+on the win indicators 1{r > 1/2}),
+``log m_p = log B(a0 + s_p, b0 + f_p) - log B(a0, b0)`` (s_p successes, f_p failures), bounded to
+[1e-3, 1e4].
+
+Robustness (``robust=True``): before fitting, a reward is dropped when it is beyond Tukey's
+far-out fences [Q1 - 3 IQR, Q3 + 3 IQR] both of the pooled log and of the residuals from the
+prompts' medians in units of their median absolute deviations (:func:`_drop_outliers`), so a
+broken reward of 1e6 can no longer decide alpha0 while clean logs (and the rare high rewards
+of bimodal judges) are kept. Prompts with few samples need no special
+care: the evidence of a prompt with k_p rewards is exact for every k_p >= 1.
+
+Gaussianizing transform (kind ``gaussianize``): the mid-rank empirical CDF of the pooled logged
+rewards followed by the standard normal quantile, t(x_j) = Phi^{-1}((C_{j-1} + n_j / 2) / N) at
+the distinct logged values x_j (n_j ties, C_j cumulative counts, N rewards), linear between them
+and, beyond the logged range, linear with the secant slope of the outer tenth of each tail — so t
+is continuous and strictly increasing on the whole real line, ties and plateaus included.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from beacon.errors import ConfigError, RewardError
+from beacon.families.judge import WIN_THRESHOLD  # importing registers the "judge" family
+from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
+from beacon.transforms import (
+    LogitTransform,
+    RewardTransform,
+    make_transform,
+    register_transform,
+    transform_from_dict,
+)
+
+if TYPE_CHECKING:
+    from beacon.config import BeaconConfig
+
+__all__ = [
+    "FitResult",
+    "GaussianizeTransform",
+    "fit_prior",
+    "fit_reward_model",
+    "load_fit",
+    "nig_log_evidence",
+    "reward_matrix",
+]
+
+FloatArray = NDArray[np.float64]
+
+ALPHA0_BOUNDS = (0.5, 100.0)
+NU0_BOUNDS = (1e-3, 1000.0)
+BETA_AB_BOUNDS = (1e-3, 1e4)
+TUKEY_FAR_OUT = 3.0
+METHODS = ("marginal", "moments")
+FAMILIES = ("normal", "bernoulli", "judge")
+
+
+# ----------------------------------------------------------------------------------------------
+# input
+# ----------------------------------------------------------------------------------------------
+def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
+    """Validate logged rewards and return them as a float (prompts x samples) array.
+
+    Accepts a 2-D array or a list of per-prompt sequences of possibly different lengths (padded
+    with NaN). NaN (or None) marks a missing sample; +-inf is a :class:`RewardError` at
+    ``(row, column)``; a 1-D or 3-D array, non-numbers or an all-missing log is a
+    :class:`ConfigError` naming ``field_name``.
+    """
+    if isinstance(rewards, np.ndarray):
+        arr = rewards
+    elif isinstance(rewards, Sequence) and not isinstance(rewards, str | bytes):
+        rows = list(rewards)
+        if rows and all(
+            isinstance(r, Sequence | np.ndarray) and not isinstance(r, str | bytes) for r in rows
+        ):
+            width = max((len(r) for r in rows), default=0)
+            arr = np.full((len(rows), width), np.nan)
+            for i, r in enumerate(rows):
+                vals = [np.nan if v is None else v for v in r]
+                try:
+                    arr[i, : len(vals)] = np.asarray(vals, dtype=np.float64)
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError(
+                        f"{field_name}[{i}]", r, "must be a sequence of numbers (NaN = missing)"
+                    ) from exc
+        else:
+            arr = np.asarray(rows, dtype=object)
+    else:
+        raise ConfigError(field_name, rewards, "must be a 2-D array (prompts x samples)")
+    if arr.ndim != 2:
+        raise ConfigError(
+            field_name,
+            f"array of shape {arr.shape}",
+            "must be 2-D (prompts x samples); wrap a single prompt's rewards as [rewards]",
+        )
+    try:
+        out = np.asarray(arr, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(field_name, "array", "must contain only numbers (NaN = missing)") from exc
+    inf = np.isinf(out)
+    if inf.any():
+        i, j = (int(v) for v in np.argwhere(inf)[0])
+        raise RewardError((i, j), float(out[i, j]), "rewards must be finite (use NaN for missing)")
+    if out.size == 0 or np.isnan(out).all():
+        raise ConfigError(field_name, f"array of shape {out.shape}", "holds no reward (all NaN)")
+    return out
+
+
+def _fences(values: FloatArray) -> tuple[float, float]:
+    q1, q3 = np.quantile(values, [0.25, 0.75])
+    iqr = float(q3 - q1)
+    return float(q1) - TUKEY_FAR_OUT * iqr, float(q3) + TUKEY_FAR_OUT * iqr
+
+
+def _drop_outliers(x: FloatArray) -> tuple[FloatArray, int]:
+    """Drop (set to NaN) rewards that are far out both in their prompt and in the whole log.
+
+    A reward is dropped when (a) its residual from its prompt's median, in units of that
+    prompt's median absolute deviation (prompts with >= 3 rewards; both statistics unmoved by
+    one wild reward), lies beyond Tukey's far-out fences [Q1 - 3 IQR, Q3 + 3 IQR] of those
+    residuals pooled over prompts, and (b) the reward itself lies beyond the far-out fences of
+    all logged rewards. (a) alone would drop the rare good samples of a prompt whose rewards are
+    mostly a spike (bimodal judges: 15% of the AlpacaEval log); (b) alone is widened by the
+    spread of the prompt means. Dropping rather than moving to the fence: 1% of wild rewards
+    moved to the fence still halve alpha0 on simulated hierarchies.
+    """
+    ok = ~np.isnan(x)
+    use = ok.sum(axis=1) >= 3
+    if not use.any():
+        return x, 0
+    lo_all, hi_all = _fences(x[ok])
+    xs = x[use]
+    med = np.nanmedian(xs, axis=1)
+    mad = np.nanmedian(np.abs(xs - med[:, None]), axis=1)
+    good = mad > 0
+    if not good.any():
+        return x, 0
+    xs, med, mad = xs[good], med[good], mad[good]
+    resid = (xs - med[:, None]) / mad[:, None]
+    lo, hi = _fences(resid[~np.isnan(resid)])
+    with np.errstate(invalid="ignore"):
+        out_mask = ((resid < lo) | (resid > hi)) & ((xs < lo_all) | (xs > hi_all))
+    n = int(out_mask.sum())
+    if n == 0:
+        return x, 0
+    out = x.copy()
+    out[np.flatnonzero(use)[good]] = np.where(out_mask, np.nan, xs)
+    return out, n
+
+
+@dataclass(frozen=True)
+class _Stats:
+    """Per-prompt sufficient statistics of the prompts with at least one reward."""
+
+    k: FloatArray
+    mean: FloatArray
+    ss: FloatArray
+
+    @classmethod
+    def of(cls, x: FloatArray) -> _Stats:
+        ok = ~np.isnan(x)
+        k = ok.sum(axis=1).astype(np.float64)
+        keep = k > 0
+        x, ok, k = x[keep], ok[keep], k[keep]
+        mean = np.where(ok, x, 0.0).sum(axis=1) / k
+        ss = np.where(ok, (x - mean[:, None]) ** 2, 0.0).sum(axis=1)
+        return cls(k, mean, ss)
+
+
+def _check_enough(stats: _Stats, field_name: str) -> None:
+    n2 = int(np.sum(stats.k >= 2))
+    if n2 < 2:
+        raise ConfigError(
+            field_name,
+            f"{n2} prompt(s) with >= 2 rewards",
+            "need at least 2 prompts with >= 2 non-missing rewards to fit a prior",
+        )
+
+
+def _sig4(v: float) -> float:
+    return float(f"{v:.4g}")
+
+
+# ----------------------------------------------------------------------------------------------
+# normal family: NIG
+# ----------------------------------------------------------------------------------------------
+def nig_log_evidence(
+    rewards: ArrayLike, mu0: float, nu0: float, alpha0: float, beta0: float
+) -> FloatArray:
+    """log m_p, the NIG evidence of each prompt's non-missing rewards (module docstring).
+
+    ``rewards`` is prompts x samples (NaN = missing); prompts without rewards give 0.
+    Units: log density of the rewards (depends on the reward units through log beta).
+    """
+    x = np.atleast_2d(np.asarray(rewards, dtype=np.float64))
+    ok = ~np.isnan(x)
+    k = ok.sum(axis=1).astype(np.float64)
+    safe_k = np.maximum(k, 1.0)
+    mean = np.where(ok, x, 0.0).sum(axis=1) / safe_k
+    ss = np.where(ok, (x - mean[:, None]) ** 2, 0.0).sum(axis=1)
+    out = _nig_terms(np.array([mu0, math.log(nu0), math.log(alpha0), math.log(beta0)]),
+                     _Stats(k, mean, ss), grad=False)[0]
+    return np.where(k > 0, out, 0.0)
+
+
+def _nig_terms(
+    theta: FloatArray, st: _Stats, grad: bool
+) -> tuple[FloatArray, FloatArray | None]:
+    """Per-prompt log evidence and (optionally) its gradient w.r.t. theta, prompts x 4.
+
+    theta = (mu0, log nu0, log alpha0, log beta0).
+    """
+    from scipy.special import digamma, gammaln
+
+    mu0, lnu, la, lb = (float(v) for v in theta)
+    nu, a, b = math.exp(lnu), math.exp(la), math.exp(lb)
+    k, d = st.k, st.mean - mu0
+    nuk = nu + k
+    ak = a + 0.5 * k
+    bk = b + 0.5 * st.ss + k * nu * d * d / (2.0 * nuk)
+    ll = (
+        gammaln(ak) - gammaln(a) + a * lb - ak * np.log(bk)
+        + 0.5 * (lnu - np.log(nuk)) - 0.5 * k * math.log(2.0 * math.pi)
+    )
+    if not grad:
+        return ll, None
+    g = np.empty((k.size, 4))
+    g[:, 0] = ak / bk * (k * nu * d / nuk)
+    g[:, 1] = nu * (0.5 / nu - 0.5 / nuk - ak / bk * (k * k * d * d / (2.0 * nuk * nuk)))
+    g[:, 2] = a * (digamma(ak) - digamma(a) + lb - np.log(bk))
+    g[:, 3] = a - ak * b / bk
+    return ll, g
+
+
+def _nig_moments(st: _Stats) -> tuple[float, float, float, float]:
+    """Method-of-moments NIG hyper-parameters (unclipped alpha0/nu0 may be inf).
+
+    E[s_p^2] = E[sigma^2] = beta0 / (alpha0 - 1);
+    E[s_p^4 (k_p - 1) / (k_p + 1)] = E[sigma^4] = beta0^2 / ((alpha0 - 1)(alpha0 - 2));
+    Var(rbar_p) = E[sigma^2] (1/nu0 + mean(1/k_p)).
+    """
+    m2 = st.k >= 2
+    k2 = st.k[m2]
+    s2 = st.ss[m2] / (k2 - 1.0)
+    m1 = float(np.mean(s2))
+    e4 = float(np.mean(s2 * s2 * (k2 - 1.0) / (k2 + 1.0)))
+    rho = e4 / (m1 * m1) if m1 > 0 else math.inf
+    alpha0 = (2.0 * rho - 1.0) / (rho - 1.0) if rho > 1.0 else math.inf
+    mu0 = float(np.mean(st.mean))
+    var_means = float(np.var(st.mean, ddof=1)) if st.mean.size > 1 else 0.0
+    inv_nu = var_means / m1 - float(np.mean(1.0 / st.k)) if m1 > 0 else 0.0
+    nu0 = 1.0 / inv_nu if inv_nu > 0 else math.inf
+    a_eff = min(max(alpha0, ALPHA0_BOUNDS[0] + 1.0), ALPHA0_BOUNDS[1])
+    beta0 = m1 * (a_eff - 1.0)
+    return mu0, nu0, alpha0, beta0
+
+
+def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float]:
+    """Fit NIG hyper-parameters; returns the prior and the mean log evidence per reward."""
+    from scipy.optimize import minimize
+
+    if float(np.sum(st.ss)) <= 0.0:
+        raise ConfigError(
+            "rewards", "no within-prompt variation",
+            "every prompt's rewards are identical; a normal prior cannot be fitted",
+        )
+    # Fit in standardized units (centre, within-prompt scale) for conditioning; map back after.
+    centre = float(np.median(st.mean))
+    scale = math.sqrt(float(np.sum(st.ss)) / float(np.sum(np.maximum(st.k - 1.0, 0.0))))
+    z = _Stats(st.k, (st.mean - centre) / scale, st.ss / scale**2)
+    mu_m, nu_m, a_m, b_m = _nig_moments(z)
+    nu_m = min(max(nu_m, NU0_BOUNDS[0]), NU0_BOUNDS[1])
+    a_m = min(max(a_m, ALPHA0_BOUNDS[0]), ALPHA0_BOUNDS[1])
+    b_m = max(b_m, 1e-8)
+    if method == "moments":
+        theta = np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)])
+    else:
+        lb = [(None, None), tuple(math.log(v) for v in NU0_BOUNDS),
+              tuple(math.log(v) for v in ALPHA0_BOUNDS), (math.log(1e-10), math.log(1e10))]
+
+        def nll(th: FloatArray) -> tuple[float, FloatArray]:
+            ll, g = _nig_terms(th, z, grad=True)
+            assert g is not None
+            return -float(ll.sum()), -g.sum(axis=0)
+
+        starts = [
+            np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)]),
+            np.array([0.0, 0.0, math.log(2.0), 0.0]),
+            np.array([0.0, math.log(0.1), math.log(1.0), math.log(0.5)]),
+        ]
+        best: Any = None
+        for th0 in starts:
+            th0 = np.array([np.clip(v, lo if lo is not None else -np.inf,
+                                    hi if hi is not None else np.inf)
+                            for v, (lo, hi) in zip(th0, lb, strict=True)])
+            res = minimize(nll, th0, jac=True, method="L-BFGS-B", bounds=lb)
+            if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+                best = res
+        assert best is not None
+        theta = np.asarray(best.x, dtype=np.float64)
+    nu0 = _sig4(math.exp(theta[1]))
+    alpha0 = _sig4(math.exp(theta[2]))
+    mu0_z = float(theta[0])
+    # beta0 re-optimised in closed form is not available; keep the fitted value (rounding of
+    # nu0/alpha0 to 4 digits moves the optimum by far less than its standard error).
+    beta0_z = math.exp(theta[3])
+    prior = NIGPrior(mu0=centre + scale * mu0_z, nu0=nu0, alpha0=alpha0,
+                     beta0=beta0_z * scale**2)
+    ll = _nig_terms(np.array([prior.mu0, math.log(nu0), math.log(alpha0),
+                              math.log(prior.beta0)]), st, grad=False)[0]
+    return prior, float(ll.sum() / st.k.sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# bernoulli family: Beta
+# ----------------------------------------------------------------------------------------------
+def _fit_beta(x: FloatArray, method: str) -> tuple[BetaPrior, float]:
+    from scipy.optimize import minimize
+    from scipy.special import betaln, digamma
+
+    ok = ~np.isnan(x)
+    bad = ok & (x != 0.0) & (x != 1.0)
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        raise RewardError((i, j), float(x[i, j]), "the bernoulli family needs rewards 0 or 1")
+    k = ok.sum(axis=1).astype(np.float64)
+    s = np.where(ok, x, 0.0).sum(axis=1)
+    keep = k > 0
+    k, s = k[keep], s[keep]
+    f = k - s
+    if s.sum() == 0 or f.sum() == 0:
+        raise ConfigError(
+            "rewards", f"{int(s.sum())} successes in {int(k.sum())} rewards",
+            "need both successes and failures to fit a Beta prior",
+        )
+    # Moments: p = mean success rate; between-prompt variance of p_hat = p(1-p)(1/k + (1-1/k) rho)
+    # with rho = 1 / (a0 + b0 + 1), averaged over prompts.
+    p_hat = s / k
+    p = float(s.sum() / k.sum())
+    v = float(np.var(p_hat, ddof=1)) if p_hat.size > 1 else 0.0
+    inv_k = float(np.mean(1.0 / k))
+    rho = (v / (p * (1.0 - p)) - inv_k) / (1.0 - inv_k) if inv_k < 1.0 else 0.0
+    tot = 1.0 / rho - 1.0 if rho > 0 else BETA_AB_BOUNDS[1]
+    tot = min(max(tot, 2 * BETA_AB_BOUNDS[0]), BETA_AB_BOUNDS[1])
+    a_m = min(max(p * tot, BETA_AB_BOUNDS[0]), BETA_AB_BOUNDS[1])
+    b_m = min(max((1.0 - p) * tot, BETA_AB_BOUNDS[0]), BETA_AB_BOUNDS[1])
+
+    def ll_of(la: float, lb: float) -> FloatArray:
+        a, b = math.exp(la), math.exp(lb)
+        out: FloatArray = betaln(a + s, b + f) - betaln(a, b)
+        return out
+
+    if method == "moments":
+        la, lb = math.log(a_m), math.log(b_m)
+    else:
+        def nll(th: FloatArray) -> tuple[float, FloatArray]:
+            a, b = math.exp(th[0]), math.exp(th[1])
+            common = digamma(a + b) - digamma(a + b + k)
+            ga = a * (digamma(a + s) - digamma(a) + common)
+            gb = b * (digamma(b + f) - digamma(b) + common)
+            return -float(ll_of(th[0], th[1]).sum()), -np.array([ga.sum(), gb.sum()])
+
+        bnd = [tuple(math.log(v) for v in BETA_AB_BOUNDS)] * 2
+        best: Any = None
+        for th0 in ([math.log(a_m), math.log(b_m)], [0.0, 0.0]):
+            res = minimize(nll, np.array(th0), jac=True, method="L-BFGS-B", bounds=bnd)
+            if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+                best = res
+        assert best is not None
+        la, lb = float(best.x[0]), float(best.x[1])
+    prior = BetaPrior(_sig4(math.exp(la)), _sig4(math.exp(lb)))
+    ll = ll_of(math.log(prior.a0), math.log(prior.b0))
+    return prior, float(ll.sum() / k.sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Gaussianizing transform
+# ----------------------------------------------------------------------------------------------
+class GaussianizeTransform(RewardTransform):
+    """t = Phi^{-1}(mid-rank empirical CDF of logged rewards), strictly increasing on all of R.
+
+    Stored as knots (x_j, q_j), both strictly increasing, with linear interpolation between them
+    and linear extrapolation beyond them with slopes ``slope_left`` / ``slope_right`` (> 0).
+    Output units: standard-normal quantiles (the pooled log maps to roughly N(0, 1)).
+    Build one with :meth:`fit`; ``to_dict()`` is plain JSON.
+    """
+
+    kind: ClassVar[str] = "gaussianize"
+
+    def __init__(
+        self,
+        x: Sequence[float],
+        q: Sequence[float],
+        slope_left: float,
+        slope_right: float,
+    ) -> None:
+        try:
+            xa = np.asarray(x, dtype=np.float64).reshape(-1)
+            qa = np.asarray(q, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("transform.x", x, "knots must be numbers") from exc
+        if xa.size < 2 or xa.size != qa.size:
+            raise ConfigError("transform.x", f"{xa.size} knots / {qa.size} quantiles",
+                              "need >= 2 knots and as many quantiles")
+        for name, arr in (("transform.x", xa), ("transform.q", qa)):
+            if not np.all(np.isfinite(arr)) or not np.all(np.diff(arr) > 0):
+                raise ConfigError(name, arr.tolist()[:8], "must be finite and strictly increasing")
+        for name, v in (("transform.slope_left", slope_left),
+                        ("transform.slope_right", slope_right)):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (
+                math.isfinite(v) and v > 0
+            ):
+                raise ConfigError(name, v, "must be a finite number > 0")
+        self.x = xa
+        self.q = qa
+        self.slope_left = float(slope_left)
+        self.slope_right = float(slope_right)
+
+    @classmethod
+    def fit(cls, rewards: ArrayLike, max_knots: int = 1024) -> GaussianizeTransform:
+        """Fit on the pooled finite values of ``rewards`` (any shape; NaN ignored).
+
+        ``max_knots`` bounds the JSON size: beyond it, knots are kept at evenly spaced normal
+        quantiles (ends always kept), t being linear between them.
+        """
+        if isinstance(max_knots, bool) or not isinstance(max_knots, int) or max_knots < 2:
+            raise ConfigError("max_knots", max_knots, "must be an integer >= 2")
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        if np.isinf(r).any():
+            j = int(np.argwhere(np.isinf(r))[0][0])
+            raise RewardError(j, float(r[j]), "rewards must be finite (use NaN for missing)")
+        r = r[~np.isnan(r)]
+        xs, counts = np.unique(r, return_counts=True)
+        if xs.size < 2:
+            raise ConfigError("rewards", f"{xs.size} distinct value(s)",
+                              "the gaussianize transform needs >= 2 distinct rewards")
+        from scipy.special import ndtri
+
+        n = float(counts.sum())
+        cum = np.cumsum(counts).astype(np.float64)
+        p = (cum - 0.5 * counts) / n
+        qs = ndtri(p)
+        if xs.size > max_knots:
+            # Evenly spaced in the normal-quantile scale, so the tails keep their resolution.
+            targets = np.linspace(qs[0], qs[-1], max_knots)
+            idx = np.unique(np.clip(np.searchsorted(qs, targets), 0, xs.size - 1))
+            idx = np.unique(np.concatenate([[0], idx, [xs.size - 1]]))
+            xs, qs, p = xs[idx], qs[idx], p[idx]
+        # Tail slopes: secant over the outer tenth of probability of each side (at least one
+        # segment), so extrapolation follows the shape of the logged tail.
+        lo_j = max(1, int(np.searchsorted(p, p[0] + 0.1)))
+        hi_j = min(xs.size - 2, int(np.searchsorted(p, p[-1] - 0.1)) - 1)
+        hi_j = max(hi_j, 0)
+        lo_j = min(lo_j, xs.size - 1)
+        sl = float((qs[lo_j] - qs[0]) / (xs[lo_j] - xs[0]))
+        sr = float((qs[-1] - qs[hi_j]) / (xs[-1] - xs[hi_j]))
+        return cls(xs.tolist(), qs.tolist(), sl, sr)
+
+    def apply(self, rewards: ArrayLike) -> FloatArray:
+        r = np.asarray(rewards, dtype=np.float64)
+        out = np.interp(r, self.x, self.q)
+        with np.errstate(invalid="ignore"):
+            left = r < self.x[0]
+            right = r > self.x[-1]
+            out = np.where(left, self.q[0] + self.slope_left * (r - self.x[0]), out)
+            out = np.where(right, self.q[-1] + self.slope_right * (r - self.x[-1]), out)
+        out = np.where(np.isnan(r), np.nan, out)
+        return np.asarray(out, dtype=np.float64)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "x": [float(v) for v in self.x],
+            "q": [float(v) for v in self.q],
+            "slope_left": self.slope_left,
+            "slope_right": self.slope_right,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GaussianizeTransform:
+        missing = [k for k in ("x", "q", "slope_left", "slope_right") if k not in data]
+        if missing:
+            raise ConfigError(f"transform.{missing[0]}", None, "missing from gaussianize transform")
+        return cls(data["x"], data["q"], data["slope_left"], data["slope_right"])
+
+
+register_transform("gaussianize", GaussianizeTransform.from_dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted prior together with the transform it lives on (``None``: raw rewards).
+
+    ``prior`` and ``transform`` go straight into :class:`beacon.BeaconConfig`
+    (see :meth:`config`). ``fitted_on`` records what was fitted (family, method, counts, mean
+    log evidence per reward in transformed units, rewards dropped by the robust fences).
+    """
+
+    prior: Prior
+    transform: RewardTransform | None = None
+    fitted_on: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        """The family fitted (``fitted_on["family"]``; else the prior's own family)."""
+        fam = self.fitted_on.get("family")
+        return fam if isinstance(fam, str) else self.prior.family
+
+    @property
+    def within_scale(self) -> float:
+        """Typical within-prompt standard deviation in (transformed) reward units.
+
+        sqrt(beta0 / alpha0) = 1 / sqrt(E[1/sigma^2]) under the fitted NIG prior; ``cost =
+        c_std * within_scale`` turns a cost in per-prompt standardized units into the units the
+        Stopper uses. 1.0 for the bernoulli family (rewards are 0/1 already).
+        """
+        p = self.prior
+        if isinstance(p, NIGPrior):
+            return math.sqrt(p.beta0 / p.alpha0)
+        return 1.0
+
+    def config(self, **kwargs: Any) -> BeaconConfig:
+        """``BeaconConfig(family=..., prior=..., transform=..., **kwargs)``."""
+        from beacon.config import BeaconConfig
+
+        return BeaconConfig(family=self.family, prior=self.prior, transform=self.transform,
+                            **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"prior": {...}, "transform": {...} | None, "fitted_on": {...}}`` (plain JSON)."""
+        return {
+            "prior": self.prior.to_dict(),
+            "transform": None if self.transform is None else self.transform.to_dict(),
+            "fitted_on": dict(self.fitted_on),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FitResult:
+        if not isinstance(data, dict) or not isinstance(data.get("prior"), dict):
+            raise ConfigError("prior", data, "must be a JSON object with a 'prior' object")
+        tr = data.get("transform")
+        fitted = data.get("fitted_on") or {}
+        if not isinstance(fitted, dict):
+            raise ConfigError("fitted_on", fitted, "must be a JSON object")
+        return cls(
+            prior_from_dict(data["prior"]),
+            None if tr is None else transform_from_dict(tr),
+            fitted,
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def load_fit(path: str | Path) -> FitResult:
+    """Load a file written by :meth:`FitResult.save` / ``beacon fit-prior``.
+
+    A bare prior object (``{"family": ..., "mu0": ...}``) loads with ``transform=None``.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError("prior", str(p), "file not found") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError("prior", str(p), f"not valid JSON ({exc.msg})") from exc
+    if isinstance(data, dict) and "prior" not in data:
+        data = {"prior": data}
+    return FitResult.from_dict(data)
+
+
+def _resolve_transform(
+    transform: str | dict[str, Any] | RewardTransform | None, x: FloatArray, family: str
+) -> RewardTransform | None:
+    if transform is None or (isinstance(transform, str) and transform in ("", "none", "identity")):
+        return None
+    if family != "normal":
+        raise ConfigError("transform", transform, f"the {family} family takes raw rewards")
+    if isinstance(transform, str) and transform == "gaussianize":
+        return GaussianizeTransform.fit(x)
+    if isinstance(transform, str) and transform == "logit":
+        return LogitTransform()
+    return make_transform(transform)
+
+
+def fit_reward_model(
+    rewards: Any,
+    family: str = "normal",
+    *,
+    transform: str | dict[str, Any] | RewardTransform | None = None,
+    method: str = "marginal",
+    robust: bool = True,
+) -> FitResult:
+    """Fit the population prior (and, for ``transform="gaussianize"``, the transform) by EB.
+
+    Args:
+        rewards: logged rewards, prompts x samples (NaN = missing), raw units.
+        family: ``normal`` (NIG prior), ``bernoulli`` (Beta prior; rewards 0/1) or ``judge``
+            (Beta prior on the win indicators r > 1/2 of probability rewards in [0, 1]; see
+            :mod:`beacon.families.judge`).
+        transform: ``None``, ``"logit"``, ``"gaussianize"`` (fitted here on the pooled log), a
+            transform dict, or a :class:`RewardTransform`; the prior is fitted on transformed
+            rewards, i.e. in the units the Stopper will see.
+        method: ``marginal`` (type-II maximum likelihood, default) or ``moments``.
+        robust: clip rewards beyond Tukey's far-out fences before fitting (module docstring).
+    """
+    if family not in FAMILIES:
+        raise ConfigError("family", family, f"fit_prior supports {', '.join(FAMILIES)}")
+    if method not in METHODS:
+        raise ConfigError("method", method, f"must be one of {', '.join(METHODS)}")
+    if not isinstance(robust, bool):
+        raise ConfigError("robust", robust, "must be True or False")
+    x = reward_matrix(rewards)
+    tr = _resolve_transform(transform, x, family)
+    if tr is not None:
+        x = tr.apply(x)
+        if np.isinf(x).any():
+            i, j = (int(v) for v in np.argwhere(np.isinf(x))[0])
+            raise RewardError((i, j), float(x[i, j]), f"outside the domain of {tr.kind}")
+    st = _Stats.of(x)
+    _check_enough(st, "rewards")
+    dropped = 0
+    if family == "normal":
+        if robust:
+            x, dropped = _drop_outliers(x)
+            st = _Stats.of(x)
+        prior: Prior
+        prior, ll = _fit_nig(st, method)
+    elif family == "judge":
+        ok = ~np.isnan(x)
+        bad = ok & ((x < 0.0) | (x > 1.0))
+        if bad.any():
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            raise RewardError((i, j), float(x[i, j]), "the judge family needs rewards in [0, 1]")
+        wins = np.where(ok, (x > WIN_THRESHOLD).astype(np.float64), np.nan)
+        prior, ll = _fit_beta(wins, method)
+    else:
+        prior, ll = _fit_beta(x, method)
+    fitted_on = {
+        "family": family,
+        "method": method,
+        "robust": robust,
+        "prompts": int(st.k.size),
+        "rewards": int(st.k.sum()),
+        "dropped": dropped,
+        "mean_log_evidence": ll,
+    }
+    return FitResult(prior, tr, fitted_on)
+
+
+def fit_prior(
+    rewards: Any,
+    family: str = "normal",
+    *,
+    transform: str | dict[str, Any] | RewardTransform | None = None,
+    method: str = "marginal",
+    robust: bool = True,
+) -> Prior:
+    """The empirical-Bayes prior of :func:`fit_reward_model`, ready for ``BeaconConfig(prior=)``.
+
+    With ``transform`` the prior is in transformed units, so the config needs the same
+    transform. ``transform="gaussianize"`` is fitted from the data, so use
+    :func:`fit_reward_model` (which returns the transform too) or pass an already fitted
+    :class:`GaussianizeTransform`; the kind name alone is refused here rather than silently
+    dropping the fitted transform.
+    """
+    if isinstance(transform, str) and transform == "gaussianize":
+        raise ConfigError(
+            "transform", transform,
+            "is fitted from the data: use beacon.fitting.fit_reward_model(...) to get both the "
+            "prior and the transform, or pass a fitted GaussianizeTransform",
+        )
+    return fit_reward_model(rewards, family, transform=transform, method=method,
+                            robust=robust).prior

@@ -1,0 +1,55 @@
+"""Bulk offline jobs: BEACON over a JSONL file of prompts, in-process or on the worker tier.
+
+* :mod:`beacon.jobs.spec` -- prompt records, factories named by import path, the allow-list,
+  the job spec.
+* :mod:`beacon.jobs.keys` -- idempotency keys (hash of prompt, factories, sampling, config).
+* :mod:`beacon.jobs.output` / :mod:`beacon.jobs.dpo` -- crash-consistent keyed JSONL writers.
+* :mod:`beacon.jobs.execute` -- one prompt on the engine (shared with ``worker/``).
+* :mod:`beacon.jobs.local` -- the in-process runner (``beacon run``).
+"""
+
+from __future__ import annotations
+
+from beacon.jobs.dpo import DpoWriter, dpo_record
+from beacon.jobs.execute import FactoryCache, Outcome, PromptExecutor
+from beacon.jobs.keys import job_fingerprint, line_error_key, prompt_key
+from beacon.jobs.local import JobProgress, JobSummary, arun_job, run_job
+from beacon.jobs.output import KeyedJsonlWriter, OutputError, read_jsonl
+from beacon.jobs.spec import (
+    DEFAULT_ALLOWED_FACTORIES,
+    FactoryNotAllowedError,
+    FactorySpec,
+    JobInputError,
+    JobSpec,
+    LineError,
+    PromptRecord,
+    iter_prompt_file,
+    parse_allow_list,
+)
+
+__all__ = [
+    "DEFAULT_ALLOWED_FACTORIES",
+    "DpoWriter",
+    "FactoryCache",
+    "FactoryNotAllowedError",
+    "FactorySpec",
+    "JobInputError",
+    "JobProgress",
+    "JobSpec",
+    "JobSummary",
+    "KeyedJsonlWriter",
+    "LineError",
+    "Outcome",
+    "OutputError",
+    "PromptExecutor",
+    "PromptRecord",
+    "arun_job",
+    "dpo_record",
+    "iter_prompt_file",
+    "job_fingerprint",
+    "line_error_key",
+    "parse_allow_list",
+    "prompt_key",
+    "read_jsonl",
+    "run_job",
+]

@@ -1,0 +1,70 @@
+"""DPO preference pairs from bulk-job results.
+
+The paper's rule (section "Preference data"): for each prompt, ``chosen`` is the response with the
+highest reward and ``rejected`` the one with the lowest among the samples BEACON drew; a prompt
+whose rewards are all equal carries no preference and is skipped. Records use the
+``prompt``/``chosen``/``rejected`` columns that TRL's ``DPOTrainer`` reads, plus ``margin`` =
+reward(chosen) - reward(rejected) in raw reward units (useful to filter weak pairs), and the job
+key and prompt id so every pair traces back to its prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from beacon.jobs.output import KeyedJsonlWriter
+
+__all__ = ["DpoWriter", "dpo_record"]
+
+
+def dpo_record(
+    key: str,
+    prompt_id: str | int,
+    prompt: Any,
+    pair: tuple[Any, Any] | None,
+) -> dict[str, Any] | None:
+    """A DPO line from a ``preference_pair()`` result, or None when there is no preference.
+
+    ``pair`` is ``(chosen, rejected)`` where each side has ``text`` and ``reward`` (attributes or
+    mapping keys). Returns None when ``pair`` is None or the rewards are equal.
+    """
+    if pair is None:
+        return None
+    chosen, rejected = pair
+    c_text, c_reward = _text_reward(chosen)
+    r_text, r_reward = _text_reward(rejected)
+    if not c_reward > r_reward:
+        return None
+    return {
+        "key": key,
+        "id": prompt_id,
+        "prompt": prompt,
+        "chosen": c_text,
+        "rejected": r_text,
+        "chosen_reward": c_reward,
+        "rejected_reward": r_reward,
+        "margin": c_reward - r_reward,
+    }
+
+
+def _text_reward(side: Any) -> tuple[Any, float]:
+    if isinstance(side, Mapping):
+        text, reward = side.get("text"), side.get("reward")
+    else:
+        text, reward = getattr(side, "text", None), getattr(side, "reward", None)
+    if reward is None:
+        raise ValueError(f"preference side without a reward: {side!r}")
+    return text, float(reward)
+
+
+class DpoWriter(KeyedJsonlWriter):
+    """:class:`KeyedJsonlWriter` for DPO records (one pair per job key at most)."""
+
+    def __init__(self, path: str | Path, *, fsync: bool = True) -> None:
+        super().__init__(path, key_field="key", fsync=fsync)
+
+    def write_pair(self, record: Mapping[str, Any] | None) -> bool:
+        """Write a :func:`dpo_record` result; None (no preference) writes nothing."""
+        return False if record is None else self.write(record)

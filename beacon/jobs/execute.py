@@ -1,0 +1,308 @@
+"""Run one prompt of a bulk job on the async engine; shared by the local runner and the workers.
+
+:class:`PromptExecutor` builds the generator and scorer from their factories (once per process
+and spec, so HTTP sessions inside them are shared by every prompt), binds them to the prompt
+record when they have ``bind(record)``, runs :class:`beacon.BeaconSampler` for the prompt under a
+concurrency limit shared by all prompts, and turns the :class:`beacon.BeaconResult` into the
+output line and the DPO line. It never raises for a bad prompt or a failing model: the outcome
+then carries an error record (``ok: false``) naming the field and value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from beacon.budget import Budget
+from beacon.config import BeaconConfig
+from beacon.engine import BeaconSampler
+from beacon.errors import ConfigError
+from beacon.events import BeaconEvent, Observer
+from beacon.jobs.dpo import dpo_record
+from beacon.jobs.spec import FactorySpec, JobInputError, JobSpec, LineError, PromptRecord
+from beacon.result import BeaconResult
+from beacon.retry import RetryPolicy
+from beacon.stopper import Draw, Stopper
+
+__all__ = ["FactoryCache", "Outcome", "PromptExecutor", "error_record", "line_error_record",
+           "prepare_config", "result_record"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one prompt produced: the output line, the DPO line (or None) and whether it is ok."""
+
+    key: str
+    record: dict[str, Any]
+    dpo: dict[str, Any] | None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.record.get("ok"))
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"record": self.record, "dpo": self.dpo}
+
+
+def _error_dict(exc: BaseException) -> dict[str, Any]:
+    d: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, ConfigError):
+        d["field"] = exc.field
+        try:
+            d["value"] = exc.value if _jsonable(exc.value) else repr(exc.value)
+        except Exception:  # pragma: no cover - repr of a hostile object
+            d["value"] = None
+    return d
+
+
+def _jsonable(v: Any) -> bool:
+    import json
+
+    try:
+        json.dumps(v, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def error_record(key: str, record: PromptRecord | None, exc: BaseException, *,
+                 line: int | None = None) -> dict[str, Any]:
+    """Output line of a prompt that could not run (``ok: false``, ``error`` names the cause)."""
+    out: dict[str, Any] = {"key": key, "id": None if record is None else record.id,
+                           "line": line if line is not None else (record.line if record else None),
+                           "ok": False, "error": _error_dict(exc)}
+    return out
+
+
+def line_error_record(key: str, bad: LineError) -> dict[str, Any]:
+    """Output line of an input line that is not a valid prompt record."""
+    return error_record(key, None, bad.error, line=bad.line)
+
+
+def result_record(key: str, record: PromptRecord, res: BeaconResult, *,
+                  keep_candidates: bool = False) -> dict[str, Any]:
+    """Output line of a prompt BEACON ran: the best response, its reward, samples, stop reason.
+
+    ``ok`` is true when at least one sample was scored (``best`` is set); a query that ended
+    with ``stop_reason == "error"`` but has a best keeps ``ok: true`` and reports ``error``.
+    """
+    best = res.best
+    out: dict[str, Any] = {
+        "key": key,
+        "id": record.id,
+        "line": record.line,
+        "ok": best is not None,
+        "best": None if best is None else best.text,
+        "reward": None if best is None else best.reward,
+        "best_index": None if best is None else best.index,
+        "n_samples": res.n_samples,
+        "n_failed": res.n_failed,
+        "stop_reason": res.stop_reason,
+        "usage": res.usage.to_dict(),
+        "error": None,
+    }
+    if best is None:
+        out["error"] = {"type": "NoSample",
+                        "message": res.error or "no sample was generated and scored"}
+    elif res.error:
+        out["error"] = {"type": "SampleErrors", "message": res.error}
+    if record.metadata is not None:
+        out["metadata"] = dict(record.metadata)
+    if keep_candidates:
+        out["candidates"] = [c.to_dict() for c in res.candidates]
+    return out
+
+
+def prepare_config(cfg: BeaconConfig) -> None:
+    """Load (or build and cache) the index tables ``cfg`` needs, before any deadline runs.
+
+    The first decision under a new prior builds its h-table (seconds to minutes of CPU for a
+    fitted prior); doing it here keeps that out of the first prompts' time budgets. Synthetic
+    rewards 0 and 1 are valid in every built-in family and transform. Failures are ignored: the
+    real query reports them with its own error.
+    """
+    try:
+        s = Stopper(cfg)
+        d = s.next_decision()
+        while isinstance(d, Draw) and s.k < cfg.k0:
+            s.observe([float((s.k + i) % 2) for i in range(d.count)])
+            d = s.next_decision()
+    except Exception:
+        log.debug("prepare_config failed for %r", cfg, exc_info=True)
+
+
+class FactoryCache:
+    """Built generators/scorers, keyed by their spec; LRU-bounded; closed with :meth:`aclose`."""
+
+    def __init__(self, allowed: Sequence[str] | None, *, max_size: int = 32) -> None:
+        self.allowed = None if allowed is None else tuple(allowed)
+        self.max_size = max_size
+        self._objs: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, spec: FactorySpec, role: str) -> Any:
+        from beacon.jobs.spec import canonical_json
+
+        k = canonical_json(spec.to_dict())
+        obj = self._objs.get(k)
+        if obj is None:
+            obj = spec.build(self.allowed, role=role)
+            self._objs[k] = obj
+            while len(self._objs) > self.max_size:
+                _, old = self._objs.popitem(last=False)
+                _close_soon(old)
+        else:
+            self._objs.move_to_end(k)
+        return obj
+
+    async def aclose(self) -> None:
+        objs, self._objs = list(self._objs.values()), OrderedDict()
+        for obj in objs:
+            await _aclose(obj)
+
+
+async def _aclose(obj: Any) -> None:
+    for name in ("aclose", "close"):
+        fn = getattr(obj, name, None)
+        if callable(fn):
+            try:
+                out = fn()
+                if inspect.isawaitable(out):
+                    await out
+            except Exception:  # closing is best effort; the job's results are already saved
+                log.warning("closing %r failed", obj, exc_info=True)
+            return
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _close_soon(obj: Any) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    t = loop.create_task(_aclose(obj))
+    _closing.add(t)  # keep a reference until done (the loop holds only a weak one)
+    t.add_done_callback(_closing.discard)
+
+
+def _bind(obj: Any, record: dict[str, Any]) -> Any:
+    bind = getattr(obj, "bind", None)
+    # LangChain runnables have an unrelated .bind(**kwargs); only a bind(record) is ours.
+    if callable(bind) and not hasattr(obj, "ainvoke"):
+        return bind(record)
+    return obj
+
+
+class PromptExecutor:
+    """Runs prompts of one job spec; reuse it for every prompt of a process.
+
+    ``call_concurrency`` bounds model and scorer calls in flight across all prompts run by this
+    executor on one event loop. ``max_seconds`` (per call of :meth:`run`) caps the query's wall
+    time on top of the spec's budget: the engine stops with ``budget`` and keeps what it has.
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        allowed: Sequence[str] | None,
+        call_concurrency: int = 64,
+        cache: FactoryCache | None = None,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        if isinstance(call_concurrency, bool) or not isinstance(call_concurrency, int) \
+                or call_concurrency < 1:
+            raise ConfigError("concurrency", call_concurrency, "must be an integer >= 1")
+        self.spec = spec
+        self.cache = cache if cache is not None else FactoryCache(allowed)
+        self.call_concurrency = call_concurrency
+        self.observers = tuple(observers)
+        s = spec.sampling
+        self.retry = RetryPolicy(max_attempts=int(s.get("max_attempts", 3)))
+        self.timeout: float | None = float(s["timeout"]) if "timeout" in s else 60.0
+        self._budget_kwargs = spec.budget_kwargs()
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _slot(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._slots.get(loop)
+        if sem is None:
+            sem = self._slots[loop] = asyncio.Semaphore(self.call_concurrency)
+        return sem
+
+    def _budget(self, max_seconds: float | None) -> Budget | None:
+        kw = dict(self._budget_kwargs)
+        if max_seconds is not None:
+            cur = kw.get("max_seconds")
+            kw["max_seconds"] = max_seconds if cur is None else min(float(cur), max_seconds)
+        return Budget(**kw) if kw else None
+
+    async def run(
+        self,
+        record: PromptRecord,
+        key: str,
+        *,
+        max_seconds: float | None = None,
+        observers: Sequence[Callable[[BeaconEvent], Any]] = (),
+    ) -> Outcome:
+        """Run ``record``; failures become an error outcome (never raised), except cancellation."""
+        spec = self.spec
+        try:
+            gen_obj = self.cache.get(spec.generator_for(record), "generator")
+            sco_obj = self.cache.get(spec.scorer_for(record), "scorer")
+            rec = record.to_dict()
+            sampler = BeaconSampler(
+                _bind(gen_obj, rec),
+                _bind(sco_obj, rec),
+                spec.config,
+                # The shared semaphore is the global limit; per-prompt slots only need to let
+                # one batch through at once.
+                max_concurrency=max(spec.config.batch_size, spec.config.k0),
+                rate_limiter=self._slot(),
+                retry=self.retry,
+                timeout=self.timeout,
+                budget=self._budget(max_seconds),
+                observers=(*self.observers, *observers),
+            )
+        except Exception as exc:
+            # A factory that cannot be built, or a bind(record) that rejects this record, fails
+            # this prompt only (with the field and value when it is one of ours).
+            if not isinstance(exc, JobInputError | ConfigError):
+                log.warning("prompt %r: building the generator/scorer failed", record.id,
+                            exc_info=True)
+            return Outcome(key, error_record(key, record, exc), None)
+        try:
+            res = await sampler.arun(record.prompt, metadata=record.metadata)
+        except Exception as exc:  # the engine only raises on misuse; keep the job going
+            log.exception("prompt %r failed", record.id)
+            return Outcome(key, error_record(key, record, exc), None)
+        out = result_record(key, record, res, keep_candidates=spec.keep_candidates)
+        pair = res.preference_pair()
+        dpo = dpo_record(key, record.id, record.prompt, pair) if pair is not None else None
+        return Outcome(key, out, dpo)
+
+    async def aclose(self) -> None:
+        await self.cache.aclose()
+
+    async def __aenter__(self) -> PromptExecutor:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

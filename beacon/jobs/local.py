@@ -1,0 +1,256 @@
+"""The in-process bulk runner: a whole job on one machine, no server, on the async engine.
+
+``await arun_job(prompts, spec, out)`` (or ``run_job`` from sync code) runs BEACON on every
+prompt with at most ``concurrency`` prompts in progress and ``call_concurrency`` model/scorer
+calls in flight, writes one output line per prompt (and a DPO pair where the rewards differ) as
+each prompt finishes, and reports progress through a callback.
+
+Resumable and idempotent: each prompt's key (:mod:`beacon.jobs.keys`) is looked up in the
+output first and skipped when present, so rerunning the same command after Ctrl-C, a crash or a
+kill continues where it stopped; prompts in flight at the interruption are simply run again.
+Failed prompts (``ok: false``) are retried on a rerun unless ``retry_failed=False``: their lines
+are removed first by an atomic rewrite, so no key ever appears twice. The DPO line of a prompt is
+written before its output line, so an interruption between the two leaves the prompt unfinished
+(it is rerun; the DPO writer keeps the first pair).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from beacon._sync import run_sync
+from beacon.errors import ConfigError
+from beacon.jobs.dpo import DpoWriter
+from beacon.jobs.execute import Outcome, PromptExecutor, line_error_record, prepare_config
+from beacon.jobs.keys import line_error_key, prompt_key
+from beacon.jobs.output import KeyedJsonlWriter
+from beacon.jobs.spec import (
+    JobInputError,
+    JobSpec,
+    LineError,
+    PromptRecord,
+    iter_prompt_file,
+)
+
+__all__ = ["JobProgress", "JobSummary", "arun_job", "count_prompt_lines", "iter_records",
+           "run_job"]
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Counts so far. ``total``: non-blank input lines (None if unknown). ``skipped``: already
+    in the output from an earlier run; ``done`` / ``failed``: finished in this run (``failed``
+    includes bad input lines); ``duplicates``: lines repeating a key seen earlier in the input;
+    ``samples``: samples charged in this run; ``last``: the outcome just written (or None)."""
+
+    total: int | None = None
+    skipped: int = 0
+    done: int = 0
+    failed: int = 0
+    duplicates: int = 0
+    in_flight: int = 0
+    samples: int = 0
+    retried_failed: int = 0
+    last: Outcome | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def processed(self) -> int:
+        """Lines accounted for (the progress bar's position)."""
+        return self.skipped + self.done + self.failed + self.duplicates
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """Final counts of a run; ``interrupted`` when it was cancelled (Ctrl-C) before the end."""
+
+    progress: JobProgress
+    elapsed: float
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every prompt is done and ok, 1 when some failed or the run was interrupted."""
+        return 1 if self.interrupted or self.progress.failed else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.progress
+        return {"total": p.total, "skipped": p.skipped, "done": p.done, "failed": p.failed,
+                "duplicates": p.duplicates, "samples": p.samples,
+                "retried_failed": p.retried_failed, "elapsed": self.elapsed,
+                "interrupted": self.interrupted}
+
+
+def count_prompt_lines(path: str | Path) -> int:
+    """Non-blank lines of a JSONL file (the job's size, for the progress bar)."""
+    n = 0
+    with Path(path).open("rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                n += 1
+    return n
+
+
+def iter_records(
+    prompts: str | Path | Iterable[PromptRecord | LineError | Mapping[str, Any]],
+) -> Iterator[PromptRecord | LineError]:
+    """Records from a JSONL path, or from records / dicts (a bad dict becomes a LineError)."""
+    if isinstance(prompts, str | Path):
+        yield from iter_prompt_file(prompts)
+        return
+    for n, item in enumerate(prompts, start=1):
+        if isinstance(item, PromptRecord | LineError):
+            yield item
+            continue
+        try:
+            yield PromptRecord.from_dict(item, line=n)
+        except JobInputError as exc:
+            yield LineError(n, repr(item)[:2000], exc)
+
+
+async def arun_job(
+    prompts: str | Path | Iterable[PromptRecord | LineError | Mapping[str, Any]],
+    spec: JobSpec,
+    out: str | Path,
+    *,
+    dpo: str | Path | None = None,
+    concurrency: int = 16,
+    call_concurrency: int = 64,
+    allowed: Sequence[str] | None = None,
+    progress: Callable[[JobProgress], None] | None = None,
+    retry_failed: bool = True,
+    fsync: bool = True,
+    executor: PromptExecutor | None = None,
+) -> JobSummary:
+    """Run ``spec`` on every prompt; resumable (see the module docstring).
+
+    Args:
+        prompts: a JSONL path, or an iterable of :class:`PromptRecord` / dicts.
+        out: output JSONL (created; existing keys are skipped).
+        dpo: optional DPO JSONL (``prompt``/``chosen``/``rejected``/``margin``).
+        concurrency: prompts in progress at once (each runs BEACON's sequential or batched loop).
+        call_concurrency: model and scorer calls in flight at once, over all prompts.
+        allowed: factory module prefixes that may be imported; ``None`` allows any (local code).
+        progress: called with a :class:`JobProgress` after every prompt (on the event loop).
+        retry_failed: rerun prompts whose earlier line says ``ok: false``.
+        fsync: sync each line to disk (see :class:`KeyedJsonlWriter`).
+    """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError("concurrency", concurrency, "must be an integer >= 1")
+    t0 = time.perf_counter()
+    total = count_prompt_lines(prompts) if isinstance(prompts, str | Path) else None
+    if total is None and isinstance(prompts, Sequence):
+        total = len(prompts)
+    own_executor = executor is None
+    ex = executor or PromptExecutor(spec, allowed=allowed, call_concurrency=call_concurrency)
+    out_w = KeyedJsonlWriter(out, fsync=fsync)
+    dpo_w = DpoWriter(dpo, fsync=fsync) if dpo is not None else None
+    state = JobProgress(total=total)
+    tasks: set[asyncio.Task[None]] = set()
+    fatal: list[BaseException] = []
+    interrupted = False
+
+    def report(**changes: Any) -> None:
+        nonlocal state
+        state = replace(state, **changes)
+        if progress is not None:
+            progress(state)
+
+    def commit(outcome: Outcome) -> None:
+        if dpo_w is not None and outcome.dpo is not None:
+            dpo_w.write(outcome.dpo)
+        out_w.write(outcome.record)
+        n = int(outcome.record.get("n_samples") or 0)
+        if outcome.ok:
+            report(done=state.done + 1, samples=state.samples + n, last=outcome)
+        else:
+            report(failed=state.failed + 1, samples=state.samples + n, last=outcome)
+
+    try:
+        out_w.open()
+        if dpo_w is not None:
+            dpo_w.open()
+        # Table loading is CPU work in a thread: the caller's loop (progress bar) stays live.
+        await asyncio.to_thread(prepare_config, spec.config)
+        if retry_failed:
+            dropped = out_w.compact(lambda rec: rec.get("ok") is not False)
+            if dropped:
+                report(retried_failed=len(dropped))
+        slots = asyncio.Semaphore(concurrency)
+        in_flight: set[str] = set()
+
+        async def one(key: str, rec: PromptRecord) -> None:
+            try:
+                outcome = await ex.run(rec, key)
+                commit(outcome)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # a writer error (disk full...): stop the job
+                fatal.append(exc)
+            finally:
+                in_flight.discard(key)
+                slots.release()
+                report(in_flight=len(in_flight))
+
+        for item in iter_records(prompts):
+            if fatal:
+                break
+            if isinstance(item, LineError):
+                key = line_error_key(item.raw, spec)
+                if key in out_w:
+                    report(skipped=state.skipped + 1)
+                else:
+                    commit(Outcome(key, line_error_record(key, item), None))
+                continue
+            key = prompt_key(item, spec)
+            if key in out_w:
+                report(skipped=state.skipped + 1)
+                continue
+            if key in in_flight:
+                report(duplicates=state.duplicates + 1)
+                continue
+            await slots.acquire()
+            if fatal:
+                slots.release()
+                break
+            in_flight.add(key)
+            t = asyncio.ensure_future(one(key, item))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+            report(in_flight=len(in_flight))
+        if tasks:
+            await asyncio.gather(*list(tasks))
+        if fatal:
+            raise fatal[0]
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupted = True
+        raise
+    finally:
+        # Cancel what is still running: its prompts have no line yet and are rerun on resume.
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        out_w.close()
+        if dpo_w is not None:
+            dpo_w.close()
+        if own_executor:
+            await ex.aclose()
+        if interrupted and progress is not None:
+            progress(state)
+    return JobSummary(state, time.perf_counter() - t0, interrupted)
+
+
+def run_job(
+    prompts: str | Path | Iterable[PromptRecord | LineError | Mapping[str, Any]],
+    spec: JobSpec,
+    out: str | Path,
+    **kwargs: Any,
+) -> JobSummary:
+    """Synchronous :func:`arun_job` (works inside a running event loop, e.g. Jupyter)."""
+    return run_sync(arun_job(prompts, spec, out, **kwargs))

@@ -1,0 +1,248 @@
+"""Crash-consistent, keyed JSONL output: one line per key, ever.
+
+Every record is appended with a single ``write(2)`` on an ``O_APPEND`` descriptor and (by
+default) ``fsync``'d before :meth:`KeyedJsonlWriter.write` returns, so after Ctrl-C or SIGKILL the
+file holds whole lines plus at most one torn final line; after a power loss, at most the last
+records are missing. On open the writer reads the keys already present, cuts a torn (or
+unparsable) final line off, and refuses a file corrupted anywhere else. A key already in the file
+is never written again, which makes reruns and duplicate deliveries harmless. An exclusive
+``flock`` keeps two processes from appending to the same file at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from beacon.errors import BeaconError
+
+__all__ = ["KeyedJsonlWriter", "OutputError", "dumps_record", "read_jsonl"]
+
+
+class OutputError(BeaconError, OSError):
+    """An output file that cannot be used (corrupt line, locked by another process)."""
+
+
+def _sanitize(obj: Any) -> Any:
+    # JSON has no NaN/inf; a reward that is not finite is written as null rather than as an
+    # invalid token that would make the whole file unreadable by strict parsers.
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): _sanitize(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_sanitize(v) for v in obj]
+    return obj
+
+
+def dumps_record(record: Mapping[str, Any]) -> str:
+    """One JSONL line (without newline): compact, UTF-8 kept, non-finite floats as null."""
+    try:
+        return json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        return json.dumps(_sanitize(record), ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"))
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Whole, parsable JSON-object lines of a JSONL file (a torn final line is ignored)."""
+    p = Path(path)
+    if not p.exists():
+        return
+    with p.open("rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+class KeyedJsonlWriter:
+    """Append-only JSONL writer keyed by ``record[key_field]``.
+
+    Use as a context manager. ``fsync=True`` (default) syncs each record to disk (about 0.1 ms
+    on an SSD); ``False`` leaves flushing to the OS, which still survives a killed process.
+    """
+
+    def __init__(self, path: str | Path, *, key_field: str = "key", fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.key_field = key_field
+        self.fsync = fsync
+        self._keys: set[str] = set()
+        self._fd: int | None = None
+        self.recovered_bytes = 0  # size of the torn tail cut off on open
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def open(self) -> Self:
+        if self._fd is not None:
+            return self
+        if self.path.parent and not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OutputError(f"{self.path} is being written by another process") from None
+            self._recover(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # also releases the flock
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    # -- writing -----------------------------------------------------------------------------
+    def write(self, record: Mapping[str, Any]) -> bool:
+        """Append ``record`` unless its key is already in the file; True if written."""
+        if self._fd is None:
+            raise OutputError(f"{self.path} is not open")
+        key = record.get(self.key_field)
+        if not isinstance(key, str) or not key:
+            raise OutputError(f"record has no string {self.key_field!r}: {str(record)[:200]}")
+        if key in self._keys:
+            return False
+        data = (dumps_record(record) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        if self.fsync:
+            os.fsync(self._fd)
+        self._keys.add(key)
+        return True
+
+    def compact(self, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """Atomically drop the records for which ``keep`` is false; returns the dropped ones.
+
+        The kept lines are copied byte for byte to a temporary file in the same directory,
+        synced, and renamed over the output (``os.replace`` is atomic), so a crash leaves either
+        the old file or the new one. Used to retry failed prompts without duplicating keys.
+        """
+        if self._fd is None:
+            raise OutputError(f"{self.path} is not open")
+        dropped: list[dict[str, Any]] = []
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(self._fd, "rb", closefd=False) as src, open(tmp, "wb") as dst:
+            src.seek(0)
+            for raw in src:
+                if not raw.strip():
+                    continue
+                obj = json.loads(raw)
+                if keep(obj):
+                    dst.write(raw)
+                else:
+                    dropped.append(obj)
+            dst.flush()
+            os.fsync(dst.fileno())
+        if not dropped:
+            tmp.unlink()
+            return dropped
+        new_fd = os.open(tmp, os.O_RDWR | os.O_APPEND)
+        try:
+            fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # pragma: no cover - nobody else knows the temp name
+            os.close(new_fd)
+            raise OutputError(f"{tmp} is locked") from None
+        os.replace(tmp, self.path)
+        _fsync_dir(self.path.parent)
+        os.close(self._fd)
+        self._fd = new_fd
+        for obj in dropped:
+            self._keys.discard(obj[self.key_field])
+        return dropped
+
+    # -- recovery ----------------------------------------------------------------------------
+    def _recover(self, fd: int) -> None:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return
+        good_end = 0  # byte offset just past the last valid line
+        bad: tuple[int, str] | None = None  # first invalid whole line (line number, text)
+        lineno = 0
+        with open(fd, "rb", closefd=False) as fh:
+            fh.seek(0)
+            offset = 0
+            for raw in fh:
+                lineno += 1
+                end = offset + len(raw)
+                obj: Any = None
+                if raw.endswith(b"\n"):
+                    try:
+                        obj = json.loads(raw)
+                    except ValueError:
+                        obj = None
+                if isinstance(obj, dict) and isinstance(obj.get(self.key_field), str):
+                    if bad is not None:
+                        # A bad line followed by good ones is corruption, not a torn write.
+                        raise OutputError(
+                            f"{self.path} line {bad[0]} is not a JSON record with a "
+                            f"{self.key_field!r}: {bad[1][:200]!r}; fix or remove it"
+                        )
+                    self._keys.add(obj[self.key_field])
+                    good_end = end
+                elif raw.strip() or not raw.endswith(b"\n"):
+                    if bad is None:
+                        bad = (lineno, raw.decode("utf-8", "replace"))
+                else:
+                    good_end = end if bad is None else good_end  # blank line: harmless
+                offset = end
+        if good_end < size:
+            # Only the tail after the last good record is cut: it can only be a torn append.
+            self.recovered_bytes = size - good_end
+            os.ftruncate(fd, good_end)
+            os.fsync(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename itself is durable only once the directory entry is synced.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - directories that cannot be opened (some FUSE mounts)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)

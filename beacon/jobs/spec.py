@@ -1,0 +1,448 @@
+"""Bulk-job specification: prompt records, factories named by import path, the job spec.
+
+A bulk job runs BEACON (the Stopper driven by :class:`beacon.BeaconSampler`) once per prompt of a
+JSONL file. Everything a remote worker needs travels as JSON: the prompt record, the generator
+and scorer *factories* named by ``"package.module:factory"`` plus JSON keyword arguments, engine
+options, and the :class:`beacon.BeaconConfig` (``to_dict``/``from_dict``, so fitted priors and
+transforms travel too). Nothing is pickled.
+
+Factories
+    ``factory(**kwargs)`` returns the generator (``generate(prompt) -> str``, sync or async) or
+    the scorer (``score(prompt, response) -> float``, sync or async). If the returned object has a
+    ``bind(record)`` method, it is called once per prompt with the prompt record's dict and its
+    return value is used for that prompt (e.g. a verifier bound to the record's reference answer).
+
+Allow-list
+    Importing a module runs its code, so a worker imports only modules whose dotted name equals
+    one of the allowed prefixes or starts with ``prefix + "."``; the factory attribute must be a
+    public top-level name defined in such a module (a re-exported ``os.system`` is refused). The
+    check happens before the import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from beacon.config import BeaconConfig
+from beacon.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_ALLOWED_FACTORIES",
+    "FactoryNotAllowedError",
+    "FactorySpec",
+    "JobInputError",
+    "JobSpec",
+    "LineError",
+    "PromptRecord",
+    "canonical_json",
+    "is_allowed",
+    "iter_prompt_file",
+    "iter_prompt_lines",
+    "parse_allow_list",
+    "parse_prompt_line",
+]
+
+#: Module prefixes every runner accepts without configuration (offline, side-effect free).
+DEFAULT_ALLOWED_FACTORIES: tuple[str, ...] = ("beacon.demo",)
+
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_FACTORY_RE = re.compile(rf"^({_DOTTED}):([A-Za-z][A-Za-z0-9_]*)$")
+_RECORD_FIELDS = ("id", "prompt", "reference", "metadata", "generator", "scorer")
+_MAX_SHOWN = 120
+
+
+def _short(value: Any) -> Any:
+    # Error messages quote the offending value; a 50 kB prompt would drown the message.
+    if isinstance(value, str) and len(value) > _MAX_SHOWN:
+        return value[:_MAX_SHOWN] + "..."
+    return value
+
+
+class JobInputError(ConfigError):
+    """A bad prompt line, factory or job field; ``line`` is the 1-based input line (or None)."""
+
+    def __init__(
+        self,
+        field: str,
+        value: Any,
+        reason: str,
+        *,
+        line: int | None = None,
+        source: str | None = None,
+    ) -> None:
+        super().__init__(field, _short(value), reason)
+        self.line = line
+        self.source = source
+        if line is not None:
+            self.args = (f"{source or 'input'} line {line}: {self.args[0]}",)
+
+
+class FactoryNotAllowedError(JobInputError):
+    """A factory whose module is outside the runner's allow-list (it was not imported)."""
+
+
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON (sorted keys, no spaces, UTF-8 kept): the input of every job hash."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def _check_json(field: str, value: Any) -> None:
+    try:
+        canonical_json(value)
+    except (TypeError, ValueError) as exc:
+        raise JobInputError(field, value, f"must be JSON-serializable without NaN/inf ({exc})") \
+            from exc
+
+
+# -- allow-list ------------------------------------------------------------------------------
+def parse_allow_list(text: str | None, *, include_defaults: bool = True) -> tuple[str, ...]:
+    """Comma-separated module prefixes (``BEACON_ALLOWED_FACTORIES``) -> normalized tuple.
+
+    ``*`` allows every module (only for single-tenant, trusted brokers). The defaults
+    (:data:`DEFAULT_ALLOWED_FACTORIES`) are included unless ``include_defaults`` is False.
+    """
+    out: list[str] = list(DEFAULT_ALLOWED_FACTORIES) if include_defaults else []
+    for raw in (text or "").split(","):
+        p = raw.strip().rstrip(".")
+        if not p:
+            continue
+        if p != "*" and not re.fullmatch(_DOTTED, p):
+            raise ConfigError("BEACON_ALLOWED_FACTORIES", raw.strip(),
+                              "each entry must be a dotted module prefix or '*'")
+        if p not in out:
+            out.append(p)
+    return tuple(out)
+
+
+def is_allowed(module: str, allowed: Sequence[str] | None) -> bool:
+    """True if ``module`` is one of ``allowed`` or a submodule of one (``None``: allow all)."""
+    if allowed is None:
+        return True
+    return any(p == "*" or module == p or module.startswith(p + ".") for p in allowed)
+
+
+# -- factories -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FactorySpec:
+    """``factory`` = ``"package.module:name"``; ``kwargs`` = JSON keyword arguments."""
+
+    factory: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.factory, str) or not _FACTORY_RE.match(self.factory):
+            raise JobInputError(
+                "factory", self.factory,
+                "must be 'package.module:name' (a public top-level name, no dots after ':')",
+            )
+        if not isinstance(self.kwargs, Mapping):
+            raise JobInputError("kwargs", self.kwargs, "must be a JSON object")
+        kw = dict(self.kwargs)
+        for k in kw:
+            if not isinstance(k, str) or not k.isidentifier():
+                raise JobInputError("kwargs", k, "keys must be Python identifiers")
+        _check_json("kwargs", kw)
+        object.__setattr__(self, "kwargs", kw)
+
+    @property
+    def module(self) -> str:
+        return self.factory.split(":", 1)[0]
+
+    @property
+    def attribute(self) -> str:
+        return self.factory.split(":", 1)[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"factory": self.factory, "kwargs": dict(self.kwargs)}
+
+    @classmethod
+    def from_dict(cls, data: Any, *, field_name: str = "factory") -> FactorySpec:
+        """Accept ``{"factory": ..., "kwargs": {...}}`` or a bare ``"module:name"`` string."""
+        if isinstance(data, FactorySpec):
+            return data
+        if isinstance(data, str):
+            try:
+                return cls(data)
+            except JobInputError as exc:
+                raise JobInputError(f"{field_name}.{exc.field}", exc.value, exc.reason) from None
+        if not isinstance(data, Mapping):
+            raise JobInputError(field_name, data, "must be 'module:name' or "
+                                                  "{'factory': 'module:name', 'kwargs': {...}}")
+        unknown = sorted(set(data) - {"factory", "kwargs"})
+        if unknown:
+            raise JobInputError(f"{field_name}.{unknown[0]}", data[unknown[0]],
+                                "unknown field; known: factory, kwargs")
+        if "factory" not in data:
+            raise JobInputError(f"{field_name}.factory", None, "is required")
+        try:
+            return cls(data["factory"], data.get("kwargs") or {})
+        except JobInputError as exc:
+            raise JobInputError(f"{field_name}.{exc.field}", exc.value, exc.reason) from None
+
+    def check_allowed(self, allowed: Sequence[str] | None, *, role: str = "factory") -> None:
+        """Raise :class:`FactoryNotAllowedError` unless the module is allowed (no import)."""
+        if not is_allowed(self.module, allowed):
+            shown = ", ".join(allowed or ()) or "(empty)"
+            raise FactoryNotAllowedError(
+                role, self.factory,
+                f"module {self.module!r} is not in this runner's allow-list [{shown}]; "
+                "add its prefix to BEACON_ALLOWED_FACTORIES on the worker",
+            )
+
+    def build(self, allowed: Sequence[str] | None, *, role: str = "factory") -> Any:
+        """Check the allow-list, import the module, call ``factory(**kwargs)``."""
+        self.check_allowed(allowed, role=role)
+        try:
+            mod = importlib.import_module(self.module)
+        except ImportError as exc:
+            raise JobInputError(role, self.factory, f"cannot import {self.module!r}: {exc}") \
+                from exc
+        obj = getattr(mod, self.attribute, None)
+        if obj is None:
+            raise JobInputError(role, self.factory,
+                                f"module {self.module!r} has no attribute {self.attribute!r}")
+        defined_in = getattr(obj, "__module__", None)
+        if allowed is not None and not (isinstance(defined_in, str)
+                                        and is_allowed(defined_in, allowed)):
+            raise FactoryNotAllowedError(
+                role, self.factory,
+                f"{self.attribute!r} is defined in {defined_in!r}, outside the allow-list "
+                "(re-exported names are refused)",
+            )
+        if not callable(obj):
+            raise JobInputError(role, self.factory, "is not callable")
+        try:
+            return obj(**self.kwargs)
+        except TypeError as exc:
+            raise JobInputError(f"{role}.kwargs", dict(self.kwargs),
+                                f"rejected by {self.factory}: {exc}") from exc
+
+
+# -- prompt records --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt of a job.
+
+    ``id``: str or int, unique within the user's data (not enforced: the idempotency key is the
+    hash of the whole record). ``prompt``: the text, or a list of chat messages (JSON objects)
+    passed to the generator as is. ``reference``: any JSON (e.g. the reference answer for a
+    verifier). ``metadata``: a JSON object copied to the output. ``generator`` / ``scorer``:
+    optional per-prompt factory overrides. ``line``: 1-based input line (not part of the key).
+    """
+
+    id: str | int
+    prompt: str | list[Any]
+    reference: Any = None
+    metadata: Mapping[str, Any] | None = None
+    generator: FactorySpec | None = None
+    scorer: FactorySpec | None = None
+    line: int | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        line = self.line
+        if isinstance(self.id, bool) or not isinstance(self.id, str | int):
+            raise JobInputError("id", self.id, "must be a string or an integer", line=line)
+        if isinstance(self.id, str) and not self.id:
+            raise JobInputError("id", self.id, "must not be empty", line=line)
+        p = self.prompt
+        if isinstance(p, str):
+            if not p.strip():
+                raise JobInputError("prompt", p, "must not be empty", line=line)
+        elif isinstance(p, list):
+            if not p or not all(isinstance(m, Mapping) for m in p):
+                raise JobInputError("prompt", p, "a message list must be a non-empty list of "
+                                                 "JSON objects", line=line)
+        else:
+            raise JobInputError("prompt", p, "must be a string or a list of chat messages",
+                                line=line)
+        if self.metadata is not None and not isinstance(self.metadata, Mapping):
+            raise JobInputError("metadata", self.metadata, "must be a JSON object", line=line)
+        for name in ("prompt", "reference", "metadata"):
+            try:
+                _check_json(name, getattr(self, name))
+            except JobInputError as exc:
+                raise JobInputError(exc.field, exc.value, exc.reason, line=line) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON (without ``line``); the input of the idempotency key."""
+        d: dict[str, Any] = {"id": self.id, "prompt": self.prompt}
+        if self.reference is not None:
+            d["reference"] = self.reference
+        if self.metadata is not None:
+            d["metadata"] = dict(self.metadata)
+        if self.generator is not None:
+            d["generator"] = self.generator.to_dict()
+        if self.scorer is not None:
+            d["scorer"] = self.scorer.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any, *, line: int | None = None) -> PromptRecord:
+        if not isinstance(data, Mapping):
+            raise JobInputError("record", data, "each line must be a JSON object", line=line)
+        unknown = sorted(set(data) - set(_RECORD_FIELDS))
+        if unknown:
+            raise JobInputError(
+                unknown[0], data[unknown[0]],
+                f"unknown field; known: {', '.join(_RECORD_FIELDS)} (put extras in 'metadata')",
+                line=line,
+            )
+        for req in ("id", "prompt"):
+            if req not in data:
+                raise JobInputError(req, None, "is required", line=line)
+        specs: dict[str, FactorySpec | None] = {}
+        for role in ("generator", "scorer"):
+            raw = data.get(role)
+            try:
+                specs[role] = None if raw is None else FactorySpec.from_dict(raw, field_name=role)
+            except JobInputError as exc:
+                raise JobInputError(exc.field, exc.value, exc.reason, line=line) from None
+        return cls(
+            id=data["id"],
+            prompt=data["prompt"],
+            reference=data.get("reference"),
+            metadata=data.get("metadata"),
+            generator=specs["generator"],
+            scorer=specs["scorer"],
+            line=line,
+        )
+
+
+@dataclass(frozen=True)
+class LineError:
+    """An input line that is not a valid prompt record; the job records it and goes on."""
+
+    line: int
+    raw: str
+    error: JobInputError
+
+
+def parse_prompt_line(text: str, line: int, *, source: str | None = None) -> PromptRecord:
+    """Parse one JSONL line into a :class:`PromptRecord` (raises :class:`JobInputError`)."""
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise JobInputError("line", text.strip(), f"not valid JSON ({exc})", line=line,
+                            source=source) from None
+    try:
+        return PromptRecord.from_dict(data, line=line)
+    except JobInputError as exc:
+        raise JobInputError(exc.field, exc.value, exc.reason, line=line, source=source) from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def iter_prompt_lines(
+    lines: Iterator[str] | Sequence[str], *, source: str | None = None
+) -> Iterator[PromptRecord | LineError]:
+    """Parse JSONL lines lazily; blank lines are skipped, bad ones yield :class:`LineError`."""
+    for n, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            yield parse_prompt_line(text, n, source=source)
+        except JobInputError as exc:
+            yield LineError(n, text.rstrip("\r\n"), exc)
+
+
+def iter_prompt_file(path: str | Path) -> Iterator[PromptRecord | LineError]:
+    """Stream a prompts JSONL file (UTF-8) as records and per-line errors."""
+    p = Path(path)
+    with p.open("r", encoding="utf-8", errors="surrogateescape") as fh:
+        yield from iter_prompt_lines(fh, source=p.name)
+
+
+# -- the job ---------------------------------------------------------------------------------
+_SAMPLING_KEYS = ("timeout", "max_attempts", "max_tokens", "max_cost", "max_seconds",
+                  "price_per_input_token", "price_per_output_token")
+_BUDGET_KEYS = ("max_tokens", "max_cost", "max_seconds", "price_per_input_token",
+                "price_per_output_token")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run on every prompt.
+
+    ``sampling``: engine options that change results and therefore enter the idempotency key:
+    ``timeout`` (seconds per model/scorer attempt), ``max_attempts`` (per call, first included),
+    and the per-query :class:`beacon.budget.Budget` caps ``max_tokens``, ``max_cost`` (money),
+    ``max_seconds`` (wall time) with ``price_per_input_token`` / ``price_per_output_token``.
+    ``keep_candidates``: write every candidate with its reward to the output (formatting only;
+    not part of the key).
+    """
+
+    generator: FactorySpec
+    scorer: FactorySpec
+    config: BeaconConfig
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    keep_candidates: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, BeaconConfig):
+            raise JobInputError("config", self.config, "must be a BeaconConfig")
+        if not isinstance(self.sampling, Mapping):
+            raise JobInputError("sampling", self.sampling, "must be a JSON object")
+        s = dict(self.sampling)
+        for k, v in s.items():
+            if k not in _SAMPLING_KEYS:
+                raise JobInputError(f"sampling.{k}", v,
+                                    f"unknown option; known: {', '.join(_SAMPLING_KEYS)}")
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                    or v < 0:
+                raise JobInputError(f"sampling.{k}", v, "must be a finite number >= 0")
+            if k in ("max_attempts", "max_tokens") and (not isinstance(v, int) or v < 1):
+                raise JobInputError(f"sampling.{k}", v, "must be an integer >= 1")
+            if k in ("timeout", "max_cost", "max_seconds") and v == 0:
+                raise JobInputError(f"sampling.{k}", v, "must be > 0")
+        object.__setattr__(self, "sampling", {k: v for k, v in s.items() if v is not None})
+
+    def budget_kwargs(self) -> dict[str, Any]:
+        """The ``sampling`` entries that are :class:`beacon.budget.Budget` fields."""
+        return {k: v for k, v in self.sampling.items() if k in _BUDGET_KEYS}
+
+    def generator_for(self, record: PromptRecord) -> FactorySpec:
+        return record.generator or self.generator
+
+    def scorer_for(self, record: PromptRecord) -> FactorySpec:
+        return record.scorer or self.scorer
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator.to_dict(),
+            "scorer": self.scorer.to_dict(),
+            "config": self.config.to_dict(),
+            "sampling": dict(self.sampling),
+            "keep_candidates": self.keep_candidates,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> JobSpec:
+        if not isinstance(data, Mapping):
+            raise JobInputError("job", data, "must be a JSON object")
+        known = {"generator", "scorer", "config", "sampling", "keep_candidates"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise JobInputError(unknown[0], data[unknown[0]],
+                                f"unknown job field; known: {', '.join(sorted(known))}")
+        for req in ("generator", "scorer", "config"):
+            if req not in data:
+                raise JobInputError(req, None, "is required")
+        return cls(
+            generator=FactorySpec.from_dict(data["generator"], field_name="generator"),
+            scorer=FactorySpec.from_dict(data["scorer"], field_name="scorer"),
+            config=BeaconConfig.from_dict(dict(data["config"])),
+            sampling=dict(data.get("sampling") or {}),
+            keep_candidates=bool(data.get("keep_candidates", False)),
+        )

@@ -1,0 +1,183 @@
+"""Vectorised offline replay of logged rewards through the stopping rule.
+
+``rewards`` is a 2-D array, one row per prompt, its rewards in the order the samples were drawn;
+NaN marks a sample that was not logged (rows may have different lengths) and is skipped. For
+every prompt the replay feeds rewards to the policy exactly as :class:`beacon.Stopper` would and
+reports how many samples it used, which one it chose (the best raw reward among those used, the
+first on ties) and why it stopped. When a row runs out of logged samples before the policy stops,
+the prompt stops with reason ``horizon`` and ``truncated`` is set.
+
+The built-in ``normal`` and ``bernoulli`` families run in numba kernels (one pass, parallel over
+prompts); any other registered family is replayed through the Stopper itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from beacon.config import BeaconConfig
+from beacon.errors import RewardError
+from beacon.families.bernoulli import reservation_cost
+from beacon.families.judge import WIN_THRESHOLD
+from beacon.families.normal import predictive_quantile
+from beacon.priors import BetaPrior, NIGPrior
+from beacon.stopper import Draw, Stopper
+
+__all__ = ["REASONS", "ReplayResult", "replay"]
+
+REASONS = np.array(["index", "horizon", "absorbed"], dtype=object)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Per-prompt outcome of a replay (arrays of length = number of prompts).
+
+    Attributes:
+        n_samples: samples used (K).
+        chosen: column of the chosen sample in the input array (-1 if the row was empty).
+        best_reward: raw reward of the chosen sample (NaN if the row was empty).
+        stop_reason: ``index`` | ``horizon`` | ``absorbed``.
+        truncated: the row ran out of logged samples before the policy stopped.
+    """
+
+    n_samples: NDArray[np.int64]
+    chosen: NDArray[np.int64]
+    best_reward: NDArray[np.float64]
+    stop_reason: NDArray[np.object_]
+    truncated: NDArray[np.bool_]
+
+    @property
+    def mean_samples(self) -> float:
+        """Average number of samples used per prompt."""
+        return float(np.mean(self.n_samples))
+
+    def __len__(self) -> int:
+        return int(self.n_samples.shape[0])
+
+
+def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
+    try:
+        x = np.asarray(rewards, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise RewardError("rewards", "<array>", f"must be a numeric 2-D array ({exc})") from exc
+    if x.ndim == 1:
+        raise RewardError("rewards", f"shape {x.shape}", "must be 2-D (prompts x samples)")
+    if x.ndim != 2:
+        raise RewardError("rewards", f"shape {x.shape}", "must be 2-D (prompts x samples)")
+    bad = np.isinf(x)
+    if bad.any():
+        r, c = (int(v) for v in np.argwhere(bad)[0])
+        raise RewardError((r, c), float(x[r, c]), "rewards must be finite (NaN marks missing)")
+    return np.ascontiguousarray(x)
+
+
+def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
+    """Replay ``cfg``'s stopping rule over logged ``rewards`` (prompts x samples, NaN = missing)."""
+    raw = _as_matrix(rewards)
+    prior = cfg.resolved_prior
+    if cfg.family == "normal" and isinstance(prior, NIGPrior):
+        x = raw if cfg.transform is None else np.ascontiguousarray(cfg.transform.apply(raw))
+        bad = np.isinf(x) | (np.isnan(x) & ~np.isnan(raw))
+        if bad.any():
+            r, c = (int(v) for v in np.argwhere(bad)[0])
+            raise RewardError((r, c), float(raw[r, c]), "outside the domain of the transform")
+        from beacon._kernels.replay import replay_normal
+        from beacon.index import get_table
+
+        table = get_table(cfg.horizon, prior.alpha0, prior.nu0)
+        tq = np.array(
+            [
+                predictive_quantile(2.0 * prior.alpha0 + k, cfg.robust_quantile)
+                if 2.0 * prior.alpha0 + k > 0
+                else -np.inf
+                for k in range(cfg.horizon + 1)
+            ],
+            dtype=np.float64,
+        )
+        used, chosen, code, trunc = replay_normal(
+            x,
+            raw,
+            cfg.horizon,
+            cfg.k0,
+            prior.k0,
+            cfg.batch_size,
+            cfg.robust,
+            tq,
+            prior.mu0,
+            prior.nu0,
+            prior.alpha0,
+            prior.beta0,
+            cfg.cost,
+            tuple(table.lookup_arrays()),
+        )
+    elif cfg.family in ("bernoulli", "judge") and isinstance(prior, BetaPrior):
+        if cfg.family == "bernoulli":
+            ok = np.isnan(raw) | (raw == 0.0) | (raw == 1.0)
+            why = "the bernoulli family needs rewards 0 or 1"
+            wins = raw
+        else:
+            # judge: the Bernoulli rule on win indicators 1{r > 1/2} (beacon.families.judge)
+            ok = np.isnan(raw) | ((raw >= 0.0) & (raw <= 1.0))
+            why = "the judge family needs probabilities in [0, 1]"
+            wins = np.where(np.isnan(raw), np.nan, (raw > WIN_THRESHOLD).astype(np.float64))
+        if not ok.all():
+            r, c = (int(v) for v in np.argwhere(~ok)[0])
+            raise RewardError((r, c), float(raw[r, c]), why)
+        from beacon._kernels.replay import replay_bernoulli
+
+        h_b = np.array(
+            [reservation_cost(cfg.horizon, k, prior.a0, prior.b0 + k) for k in range(cfg.horizon)],
+            dtype=np.float64,
+        )
+        used, chosen, code, trunc = replay_bernoulli(
+            np.ascontiguousarray(wins), cfg.horizon, cfg.k0, cfg.batch_size, h_b, cfg.cost
+        )
+        if cfg.family == "judge":
+            chosen = _first_argmax_among_used(raw, used)
+    else:
+        return _replay_with_stopper(raw, cfg)
+    best = np.where(chosen >= 0, raw[np.arange(raw.shape[0]), np.maximum(chosen, 0)], np.nan)
+    return ReplayResult(used, chosen, best, REASONS[code], trunc)
+
+
+def _first_argmax_among_used(
+    raw: NDArray[np.float64], used: NDArray[np.int64]
+) -> NDArray[np.int64]:
+    """Column of the best raw reward among each row's first ``used`` logged (non-NaN) samples."""
+    order = np.cumsum(~np.isnan(raw), axis=1)
+    in_use = ~np.isnan(raw) & (order <= used[:, None])
+    masked = np.where(in_use, raw, -np.inf)
+    chosen: NDArray[np.int64] = np.argmax(masked, axis=1).astype(np.int64)
+    chosen[used == 0] = -1
+    return chosen
+
+
+def _replay_with_stopper(raw: NDArray[np.float64], cfg: BeaconConfig) -> ReplayResult:
+    """Exact but slow path for plugin families: drive a Stopper per prompt."""
+    n_rows = raw.shape[0]
+    used = np.zeros(n_rows, dtype=np.int64)
+    chosen = np.full(n_rows, -1, dtype=np.int64)
+    best = np.full(n_rows, np.nan)
+    reasons = np.empty(n_rows, dtype=object)
+    trunc = np.zeros(n_rows, dtype=np.bool_)
+    for i in range(n_rows):
+        cols = np.flatnonzero(~np.isnan(raw[i]))
+        s = Stopper(cfg)
+        pos = 0
+        while isinstance(d := s.next_decision(), Draw):
+            if pos + d.count > cols.size:
+                trunc[i] = True
+                s.observe(raw[i, cols[pos:]])
+                pos = cols.size
+                break
+            s.observe(raw[i, cols[pos : pos + d.count]])
+            pos += d.count
+        used[i] = s.k
+        reasons[i] = "horizon" if trunc[i] else d.reason  # type: ignore[union-attr]
+        if s.best_index >= 0:
+            chosen[i] = cols[s.best_index]
+            best[i] = raw[i, chosen[i]]
+    return ReplayResult(used, chosen, best, reasons, trunc)

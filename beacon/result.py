@@ -1,0 +1,290 @@
+"""What one BEACON query produced: every candidate, the chosen best, usage and the decision trace.
+
+A :class:`BeaconResult` is plain data. :meth:`BeaconResult.to_dict` gives a JSON-ready dict
+(``json.dumps`` works on it) and :meth:`BeaconResult.from_dict` inverts it. In-memory-only
+objects (the raw model response of each candidate, e.g. a LangChain ``AIMessage``, and a prompt
+that is not JSON-able) are dropped by ``to_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from beacon.stopper import STOP_REASONS, TraceRecord
+
+__all__ = ["BeaconResult", "Candidate", "Usage"]
+
+
+def _json_float(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def _is_jsonable(obj: Any) -> bool:
+    try:
+        json.dumps(obj, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+@dataclass(slots=True)
+class Usage:
+    """Resource use of one sample (on a :class:`Candidate`) or of a whole query (on a result).
+
+    Attributes:
+        model_calls: calls made to the model, retries included.
+        score_calls: calls made to the scorer, retries included (a batched scorer call counts 1).
+        failed_calls: calls (model or scorer) that raised or timed out.
+        retries: calls that were retries of an earlier failed call.
+        cancelled: samples cancelled in flight because the query stopped (query level only).
+        input_tokens: prompt tokens reported by the model; ``None`` when the model never reported.
+        output_tokens: completion tokens reported by the model; ``None`` likewise.
+        cost: money reported by the model or priced by the :class:`~beacon.budget.Budget`
+            (same currency as the prices); ``None`` when unknown.
+        wall_seconds: elapsed wall-clock seconds (per sample: generate + score, retries and
+            backoff included; per query: from start to result).
+    """
+
+    model_calls: int = 0
+    score_calls: int = 0
+    failed_calls: int = 0
+    retries: int = 0
+    cancelled: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost: float | None = None
+    wall_seconds: float = 0.0
+
+    @property
+    def calls(self) -> int:
+        """All model and scorer calls."""
+        return self.model_calls + self.score_calls
+
+    @property
+    def total_tokens(self) -> int:
+        """Reported input + output tokens (0 when none reported)."""
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+    def add_tokens(self, input_tokens: int | None, output_tokens: int | None) -> None:
+        if input_tokens is not None:
+            self.input_tokens = (self.input_tokens or 0) + int(input_tokens)
+        if output_tokens is not None:
+            self.output_tokens = (self.output_tokens or 0) + int(output_tokens)
+
+    def add_cost(self, cost: float | None) -> None:
+        if cost is not None:
+            self.cost = (self.cost or 0.0) + float(cost)
+
+    def merge(self, other: Usage) -> None:
+        """Add ``other``'s counters, tokens and cost (not its wall time) into this one."""
+        self.model_calls += other.model_calls
+        self.score_calls += other.score_calls
+        self.failed_calls += other.failed_calls
+        self.retries += other.retries
+        self.cancelled += other.cancelled
+        self.add_tokens(other.input_tokens, other.output_tokens)
+        self.add_cost(other.cost)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "model_calls": self.model_calls,
+            "score_calls": self.score_calls,
+            "failed_calls": self.failed_calls,
+            "retries": self.retries,
+            "cancelled": self.cancelled,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost": _json_float(self.cost),
+            "wall_seconds": float(self.wall_seconds),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Usage:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One drawn sample.
+
+    Attributes:
+        index: 0-based draw order within the query. Samples cancelled in flight when the query
+            stopped are not candidates, so indices may skip inside the last batch.
+        text: the response text ("" when generation failed).
+        reward: the raw reward from the scorer (before any config transform); ``None`` when the
+            sample failed.
+        failed: generation or scoring failed after retries, or the reward was invalid.
+        error: ``"ExceptionType: message"`` of the failure, else ``None``.
+        usage: this sample's calls, tokens and cost; ``wall_seconds`` is its latency.
+        raw: the model's own response object (e.g. an ``AIMessage``); in memory only.
+    """
+
+    index: int
+    text: str
+    reward: float | None = None
+    failed: bool = False
+    error: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    raw: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def latency(self) -> float:
+        """Seconds from the start of generation to the end of scoring (retries included)."""
+        return self.usage.wall_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "text": self.text,
+            "reward": _json_float(self.reward),
+            "failed": self.failed,
+            "error": self.error,
+            "usage": self.usage.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Candidate:
+        reward = data.get("reward")
+        return cls(
+            index=int(data["index"]),
+            text=str(data.get("text", "")),
+            reward=None if reward is None else float(reward),
+            failed=bool(data.get("failed", False)),
+            error=data.get("error"),
+            usage=Usage.from_dict(data.get("usage") or {}),
+        )
+
+
+@dataclass(slots=True)
+class BeaconResult:
+    """The outcome of one query.
+
+    Attributes:
+        prompt: the prompt as given (any object; serialized only if JSON-able).
+        candidates: every sample that completed or failed, in draw order.
+        n_samples: successful samples charged (rewards the Stopper observed); failed and
+            cancelled samples are not charged.
+        stop_reason: one of ``index | horizon | absorbed | budget | error``.
+        trace: the Stopper's :class:`~beacon.stopper.TraceRecord` per decision (serialized as
+            dicts by :meth:`to_dict`).
+        usage: calls, failures, tokens, cost and wall time of the whole query.
+        error: for ``stop_reason == "error"``: what ended the query (the last failure, or an
+            unexpected exception), as ``"ExceptionType: message"``; else ``None``.
+        metadata: the caller's metadata, passed through unchanged (keep it JSON-able).
+        config: the :class:`~beacon.config.BeaconConfig` used, as ``to_dict()``.
+    """
+
+    prompt: Any
+    candidates: list[Candidate] = field(default_factory=list)
+    n_samples: int = 0
+    stop_reason: str = "error"
+    trace: list[TraceRecord] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+
+    # -- views ----------------------------------------------------------------------------------
+    @property
+    def scored(self) -> list[Candidate]:
+        """Candidates with a reward (not failed)."""
+        return [c for c in self.candidates if c.reward is not None and not c.failed]
+
+    @property
+    def n_failed(self) -> int:
+        """Failed samples (after retries)."""
+        return sum(1 for c in self.candidates if c.failed)
+
+    @property
+    def best(self) -> Candidate | None:
+        """The candidate with the highest raw reward (first drawn on ties); ``None`` if none.
+
+        This is the response BEACON returns: ``z_K``, the maximum observed reward, together
+        with its text and index.
+        """
+        best: Candidate | None = None
+        for c in self.scored:
+            assert c.reward is not None
+            if best is None or c.reward > (best.reward if best.reward is not None else -math.inf):
+                best = c
+        return best
+
+    @property
+    def best_text(self) -> str | None:
+        b = self.best
+        return None if b is None else b.text
+
+    @property
+    def best_reward(self) -> float | None:
+        b = self.best
+        return None if b is None else b.reward
+
+    def preference_pair(self) -> tuple[Candidate, Candidate] | None:
+        """``(chosen, rejected)``: highest and lowest reward among scored candidates.
+
+        The paper's DPO rule (appendix "Preference Pair Generation Strategies for DPO"): chosen
+        ``y_w`` has the highest reward, rejected ``y_l`` the lowest; when all rewards are equal
+        (or fewer than two samples were scored) the prompt yields no pair and ``None`` is
+        returned. Ties for best or worst resolve to the earliest drawn candidate.
+        """
+        scored = self.scored
+        if len(scored) < 2:
+            return None
+        chosen = self.best
+        rejected = scored[0]
+        for c in scored[1:]:
+            assert c.reward is not None and rejected.reward is not None
+            if c.reward < rejected.reward:
+                rejected = c
+        assert chosen is not None and chosen.reward is not None and rejected.reward is not None
+        if not chosen.reward > rejected.reward:
+            return None
+        return chosen, rejected
+
+    # -- serialization --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``json.dumps(res.to_dict())`` works); :meth:`from_dict` inverts it.
+
+        Non-finite floats become ``None``; a prompt that is not JSON-able becomes ``None``;
+        raw model responses are dropped.
+        """
+        best = self.best
+        return {
+            "prompt": self.prompt if _is_jsonable(self.prompt) else None,
+            "best_index": None if best is None else best.index,
+            "best_text": None if best is None else best.text,
+            "best_reward": None if best is None else _json_float(best.reward),
+            "n_samples": self.n_samples,
+            "stop_reason": self.stop_reason,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "trace": [t.to_dict() for t in self.trace],
+            "usage": self.usage.to_dict(),
+            "error": self.error,
+            "metadata": dict(self.metadata),
+            "config": self.config,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BeaconResult:
+        from beacon.errors import ConfigError
+
+        if not isinstance(data, dict):
+            raise ConfigError("result", data, "must be a JSON object")
+        reason = data.get("stop_reason")
+        if reason not in STOP_REASONS:
+            raise ConfigError("stop_reason", reason, f"must be one of {STOP_REASONS}")
+        return cls(
+            prompt=data.get("prompt"),
+            candidates=[Candidate.from_dict(c) for c in data.get("candidates") or []],
+            n_samples=int(data.get("n_samples", 0)),
+            stop_reason=str(reason),
+            trace=[TraceRecord.from_dict(t) for t in data.get("trace") or []],
+            usage=Usage.from_dict(data.get("usage") or {}),
+            error=data.get("error"),
+            metadata=dict(data.get("metadata") or {}),
+            config=data.get("config"),
+        )

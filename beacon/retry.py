@@ -1,0 +1,135 @@
+"""Retry policy for model and scorer calls: which errors are retryable, and how long to wait.
+
+Backoff before retry ``i`` (1-based) is ``d_i = min(max_delay, base_delay * multiplier**(i-1))``
+seconds, multiplied by a uniform jitter factor in ``[1 - jitter, 1]`` ("equal"/"full" jitter for
+``jitter`` = 0.5 / 1.0), so that many queries failing together do not retry in lockstep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from beacon.errors import ConfigError
+
+__all__ = ["RetryPolicy", "TransientError", "is_retryable"]
+
+RETRYABLE_STATUS = frozenset({408, 425, 429})
+
+
+class TransientError(Exception):
+    """Raise (or subclass) this from a generate/score callable to request a retry."""
+
+    retryable = True
+
+
+def _status_of(exc: BaseException) -> int | None:
+    for name in ("status", "status_code", "http_status"):
+        v = getattr(exc, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599:
+            return v
+    resp = getattr(exc, "response", None)
+    v = getattr(resp, "status_code", None) if resp is not None else None
+    if isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599:
+        return v
+    return None
+
+
+def _is_aiohttp_client_error(exc: BaseException) -> bool:
+    # Duck typing keeps aiohttp out of the core's imports.
+    return any(
+        t.__module__.startswith("aiohttp") and t.__name__ == "ClientError"
+        for t in type(exc).__mro__
+    )
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Default classification of a failed call.
+
+    In order: an explicit boolean ``exc.retryable`` attribute wins; an HTTP status (``status``,
+    ``status_code`` or ``response.status_code``) is retryable iff 408, 425, 429 or 5xx;
+    timeouts (``TimeoutError``, which ``asyncio.TimeoutError`` is), ``ConnectionError`` and
+    other ``OSError`` are retryable; so are aiohttp client errors (connection resets, server
+    disconnects). Everything else (``ValueError``, ``TypeError``, ...) is not.
+    """
+    flag = getattr(exc, "retryable", None)
+    if isinstance(flag, bool):
+        return flag
+    status = _status_of(exc)
+    if status is not None:
+        return status in RETRYABLE_STATUS or status >= 500
+    if isinstance(exc, TimeoutError | ConnectionError | OSError):
+        return True
+    return _is_aiohttp_client_error(exc)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How each model or scorer call is retried.
+
+    Attributes:
+        max_attempts: attempts per call, the first included (1 = no retry).
+        base_delay: seconds before the first retry.
+        multiplier: growth factor of the delay per retry (exponential backoff).
+        max_delay: cap on one delay, seconds.
+        jitter: fraction of the delay randomised away, in [0, 1]; the wait is uniform in
+            ``[d * (1 - jitter), d]``.
+        retry_on: predicate deciding retryability; ``None`` uses :func:`is_retryable`.
+    """
+
+    max_attempts: int = 3
+    base_delay: float = 0.5
+    multiplier: float = 2.0
+    max_delay: float = 10.0
+    jitter: float = 1.0
+    retry_on: Callable[[BaseException], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise ConfigError("max_attempts", self.max_attempts, "must be an integer >= 1")
+        for name in ("base_delay", "max_delay"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+                raise ConfigError(name, v, "must be a number of seconds >= 0")
+        m = self.multiplier
+        if isinstance(m, bool) or not isinstance(m, int | float) or not m >= 1:
+            raise ConfigError("multiplier", m, "must be >= 1")
+        j = self.jitter
+        if isinstance(j, bool) or not isinstance(j, int | float) or not 0 <= j <= 1:
+            raise ConfigError("jitter", j, "must be in [0, 1]")
+
+    @classmethod
+    def none(cls) -> RetryPolicy:
+        """No retries: every failure is final."""
+        return cls(max_attempts=1)
+
+    def should_retry(self, exc: BaseException, attempt: int) -> bool:
+        """Retry after failed attempt number ``attempt`` (1-based)?"""
+        if attempt >= self.max_attempts:
+            return False
+        pred = self.retry_on or is_retryable
+        return bool(pred(exc))
+
+    def delay(self, retry: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based), jitter applied."""
+        d = min(self.max_delay, self.base_delay * self.multiplier ** (retry - 1))
+        if self.jitter:
+            u = (rng or random).random()
+            d *= 1.0 - self.jitter * u
+        return d
+
+    async def sleep(self, retry: int, rng: random.Random | None = None) -> None:
+        await asyncio.sleep(self.delay(retry, rng))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_attempts": self.max_attempts,
+            "base_delay": self.base_delay,
+            "multiplier": self.multiplier,
+            "max_delay": self.max_delay,
+            "jitter": self.jitter,
+        }

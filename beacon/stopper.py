@@ -1,0 +1,259 @@
+"""The Stopper: a pure state machine that turns rewards into Draw / Stop decisions.
+
+It never awaits, sleeps, reads the clock or logs. Drive it as::
+
+    s = Stopper(cfg)
+    while isinstance(d := s.next_decision(), Draw):
+        s.observe([score(generate()) for _ in range(d.count)])
+    d.reason  # 'index' | 'horizon' | 'absorbed'
+
+The first decision draws k0 samples at once (the prior's minimal sample size, at least 1); later
+decisions draw 1 sample, or min(batch_size, n - k) in batch mode (paper §"Parallel Sampling":
+the posterior is updated with the whole batch and the rule is applied at batch boundaries). The
+Stopper always stops at the horizon n. Rewards of a pending draw may be observed one at a time;
+a drawn sample that failed is released with :meth:`discard` and is never a reward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from beacon.config import BeaconConfig
+from beacon.errors import RewardError, StopperStateError
+from beacon.families import get_family
+
+__all__ = ["STOP_REASONS", "Draw", "Stop", "Stopper", "TraceRecord"]
+
+STOP_REASONS = ("index", "horizon", "absorbed", "budget", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """Draw ``count`` more samples, then observe their rewards."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop sampling; ``reason`` is one of :data:`STOP_REASONS`."""
+
+    reason: str
+
+
+class TraceRecord(NamedTuple):
+    """One decision: the state it was taken in and what was decided.
+
+    ``zhat`` = (z - mu) / sigma, ``h`` the index h_{n,k}(zhat) (or h^B for ``bernoulli``),
+    ``threshold`` what ``h`` was compared with (c / sigma, or c); NaN where not defined (before
+    k0, or for quantities a family does not have). ``decision`` is ``draw`` or ``stop``;
+    ``count`` the samples requested by a draw; ``reason`` the stop reason.
+    """
+
+    k: int
+    z: float
+    mu: float
+    sigma: float
+    zhat: float
+    h: float
+    threshold: float
+    decision: str
+    count: int = 0  # type: ignore[assignment]  # shadows tuple.count on purpose: the public name
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            key: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for key, v in self._asdict().items()
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TraceRecord:
+        floats = ("z", "mu", "sigma", "zhat", "h", "threshold")
+        kw: dict[str, Any] = {
+            k: (math.nan if k in floats and v is None else v) for k, v in data.items()
+        }
+        return cls(**kw)
+
+
+# Draw objects are immutable: reuse the common ones instead of allocating one per decision.
+_DRAWS = {n: Draw(n) for n in range(1, 65)}
+
+
+class Stopper:
+    """Sequential (or batched) optimal stopping for one query under ``cfg``."""
+
+    __slots__ = (
+        "_best_index",
+        "_best_raw",
+        "_cfg",
+        "_family",
+        "_n_obs",
+        "_pending",
+        "_state",
+        "_stop",
+        "_trace",
+        "_transform",
+    )
+
+    def __init__(self, cfg: BeaconConfig) -> None:
+        if not isinstance(cfg, BeaconConfig):
+            raise TypeError(f"cfg must be a BeaconConfig, got {type(cfg).__name__}")
+        self._cfg = cfg
+        self._family = get_family(cfg.family)
+        self._transform = cfg.transform
+        self._state: Any = self._family.initial_state(cfg)
+        self._pending = 0
+        self._stop: Stop | None = None
+        self._trace: list[TraceRecord] = []
+        self._n_obs = 0
+        self._best_index = -1
+        self._best_raw = -math.inf
+
+    # -- read-only views -----------------------------------------------------------------------
+    @property
+    def config(self) -> BeaconConfig:
+        return self._cfg
+
+    @property
+    def state(self) -> Any:
+        """The family's sufficient statistics (a NamedTuple with k, z, mu, sigma, ...)."""
+        return self._state
+
+    @property
+    def trace(self) -> list[TraceRecord]:
+        """One record per decision, in order (a copy)."""
+        return list(self._trace)
+
+    @property
+    def k(self) -> int:
+        """Rewards observed so far."""
+        return int(self._state.k)
+
+    @property
+    def pending(self) -> int:
+        """Samples requested by the last Draw and not yet observed or discarded."""
+        return self._pending
+
+    @property
+    def stopped(self) -> Stop | None:
+        return self._stop
+
+    @property
+    def best_index(self) -> int:
+        """0-based position (in observation order) of the best raw reward; -1 before any."""
+        return self._best_index
+
+    @property
+    def best_reward(self) -> float:
+        return self._best_raw
+
+    # -- the state machine ---------------------------------------------------------------------
+    def next_decision(self) -> Draw | Stop:
+        """Decide. While a draw is pending it returns that same Draw (the outstanding count)."""
+        if self._stop is not None:
+            return self._stop
+        if self._pending:
+            return Draw(self._pending)
+        cfg, st = self._cfg, self._state
+        k = int(st.k)
+        if k < cfg.k0:
+            return self._draw(cfg.k0 - k, st)
+        if k >= cfg.horizon:
+            return self._halt("horizon", st)
+        d = self._family.decide(st, cfg)
+        if not d.cont:
+            return self._halt(d.reason or "index", st, d.zhat, d.h, d.threshold)
+        count = min(cfg.batch_size, cfg.horizon - k)
+        return self._draw(count, st, d.zhat, d.h, d.threshold)
+
+    def observe(self, reward: float | Iterable[float]) -> None:
+        """Feed the reward(s) of pending samples, in the order they were drawn."""
+        if self._stop is not None:
+            raise StopperStateError(f"observe after Stop({self._stop.reason!r})")
+        rewards = [reward] if isinstance(reward, int | float) else list(reward)
+        if not rewards:
+            return
+        if len(rewards) > self._pending:
+            raise StopperStateError(
+                f"observe of {len(rewards)} reward(s) but only {self._pending} drawn and pending"
+                " (call next_decision() first)"
+            )
+        fam, cfg, tr = self._family, self._cfg, self._transform
+        st = self._state
+        for r in rewards:
+            pos = self._n_obs
+            try:
+                raw = float(r)
+            except (TypeError, ValueError) as exc:
+                raise RewardError(pos, r, "rewards must be real numbers") from exc
+            raw = fam.validate_reward(raw, pos)
+            x = raw if tr is None else tr.apply_scalar(raw, pos)
+            st = fam.update(st, x, cfg)
+            if raw > self._best_raw:
+                self._best_raw, self._best_index = raw, pos
+            self._n_obs += 1
+            self._pending -= 1
+        self._state = st
+
+    def discard(self, count: int = 1) -> None:
+        """Release ``count`` pending samples that failed (they are not rewards)."""
+        if count < 0 or count > self._pending:
+            raise StopperStateError(f"discard({count}) with {self._pending} pending")
+        self._pending -= count
+
+    def stop(self, reason: str) -> Stop:
+        """Stop from outside (``budget`` or ``error``); pending samples are abandoned."""
+        if reason not in STOP_REASONS:
+            raise ValueError(f"reason must be one of {STOP_REASONS}, got {reason!r}")
+        if self._stop is None:
+            self._pending = 0
+            self._halt(reason, self._state)
+        assert self._stop is not None
+        return self._stop
+
+    # -- internals -----------------------------------------------------------------------------
+    def _draw(
+        self,
+        count: int,
+        st: Any,
+        zhat: float = math.nan,
+        h: float = math.nan,
+        threshold: float = math.nan,
+    ) -> Draw:
+        self._pending = count
+        self._record(st, zhat, h, threshold, "draw", count, None)
+        d = _DRAWS.get(count)
+        return d if d is not None else Draw(count)
+
+    def _halt(
+        self,
+        reason: str,
+        st: Any,
+        zhat: float = math.nan,
+        h: float = math.nan,
+        threshold: float = math.nan,
+    ) -> Stop:
+        self._stop = Stop(reason)
+        self._record(st, zhat, h, threshold, "stop", 0, reason)
+        return self._stop
+
+    def _record(
+        self,
+        st: Any,
+        zhat: float,
+        h: float,
+        threshold: float,
+        decision: str,
+        count: int,
+        reason: str | None,
+    ) -> None:
+        self._trace.append(
+            TraceRecord(
+                int(st.k), float(st.z), float(st.mu), float(st.sigma), zhat, h, threshold,
+                decision, count, reason,
+            )
+        )  # fmt: skip

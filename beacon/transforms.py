@@ -1,0 +1,137 @@
+"""Reward transforms applied before the posterior update.
+
+A transform is a strictly increasing map ``t`` of raw rewards: the Stopper learns the posterior
+and decides on ``t(r)``, so the cost ``c`` is in transformed units, while the chosen response is
+the one with the best *raw* reward (``t`` is increasing, so the argmax is the same).
+
+Transforms serialize to JSON (``to_dict`` / :func:`transform_from_dict`) so fitted ones travel to
+workers and chains. Third parties register new kinds with :func:`register_transform`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from beacon.errors import ConfigError, RewardError
+
+__all__ = [
+    "IdentityTransform",
+    "LogitTransform",
+    "RewardTransform",
+    "make_transform",
+    "register_transform",
+    "transform_from_dict",
+]
+
+
+class RewardTransform:
+    """Base class: a strictly increasing map of raw rewards to the model's scale."""
+
+    kind: ClassVar[str] = "base"
+
+    def apply(self, rewards: ArrayLike) -> NDArray[np.float64]:
+        """Transform an array of raw rewards (any shape); NaN stays NaN."""
+        raise NotImplementedError
+
+    def apply_scalar(self, reward: float, position: int | None = None) -> float:
+        """Transform one raw reward; raises :class:`RewardError` if it is outside the domain."""
+        out = float(self.apply(np.asarray([reward], dtype=np.float64))[0])
+        if not math.isfinite(out):
+            raise RewardError(position, reward, f"outside the domain of the {self.kind} transform")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RewardTransform) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(repr(self.to_dict()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_dict()!r})"
+
+
+class IdentityTransform(RewardTransform):
+    """t(r) = r."""
+
+    kind: ClassVar[str] = "identity"
+
+    def apply(self, rewards: ArrayLike) -> NDArray[np.float64]:
+        return np.asarray(rewards, dtype=np.float64)
+
+
+class LogitTransform(RewardTransform):
+    """t(r) = log(r / (1 - r)) for probability-valued judges, r clipped to [eps, 1 - eps].
+
+    Rewards outside [0, 1] are an error (the judge is not probability-valued).
+    """
+
+    kind: ClassVar[str] = "logit"
+
+    def __init__(self, eps: float = 1e-4) -> None:
+        if not (isinstance(eps, int | float) and 0.0 < float(eps) < 0.5):
+            raise ConfigError("transform.eps", eps, "must be in (0, 0.5)")
+        self.eps = float(eps)
+
+    def apply(self, rewards: ArrayLike) -> NDArray[np.float64]:
+        r = np.asarray(rewards, dtype=np.float64)
+        bad = (r < 0.0) | (r > 1.0)
+        if np.any(bad):
+            idx = np.argwhere(bad)[0]
+            pos = tuple(int(i) for i in idx) if r.ndim > 1 else int(idx[0])
+            raise RewardError(pos, float(r[tuple(idx)]), "logit transform needs rewards in [0, 1]")
+        p = np.clip(r, self.eps, 1.0 - self.eps)
+        with np.errstate(invalid="ignore"):
+            return np.log(p) - np.log1p(-p)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "eps": self.eps}
+
+
+_REGISTRY: dict[str, Callable[[dict[str, Any]], RewardTransform]] = {
+    "identity": lambda d: IdentityTransform(),
+    "logit": lambda d: LogitTransform(eps=d.get("eps", 1e-4)),
+}
+
+
+def register_transform(kind: str, loader: Callable[[dict[str, Any]], RewardTransform]) -> None:
+    """Register ``loader`` to rebuild transforms whose ``to_dict()['kind'] == kind``."""
+    _REGISTRY[kind] = loader
+
+
+def transform_from_dict(data: dict[str, Any]) -> RewardTransform:
+    """Rebuild a transform from its ``to_dict()`` output."""
+    if not isinstance(data, dict) or "kind" not in data:
+        raise ConfigError("transform", data, "must be a JSON object with a 'kind'")
+    kind = data["kind"]
+    _ensure_builtin_kinds()
+    if kind not in _REGISTRY:
+        raise ConfigError(
+            "transform.kind", kind, f"unknown; known kinds: {', '.join(sorted(_REGISTRY))}"
+        )
+    return _REGISTRY[kind](data)
+
+
+def make_transform(spec: str | dict[str, Any] | RewardTransform | None) -> RewardTransform | None:
+    """Accept a transform, its dict form, a kind name (unfitted kinds only), or None."""
+    if spec is None or isinstance(spec, RewardTransform):
+        return spec
+    if isinstance(spec, str):
+        if spec in ("", "none", "identity"):
+            return None
+        return transform_from_dict({"kind": spec})
+    if isinstance(spec, dict):
+        return transform_from_dict(spec)
+    raise ConfigError("transform", spec, "must be a RewardTransform, a dict, a kind name or None")
+
+
+def _ensure_builtin_kinds() -> None:
+    # Fitted transforms live in their own module; importing it registers their loaders.
+    import beacon.fitting  # noqa: F401

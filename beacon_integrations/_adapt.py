@@ -1,0 +1,303 @@
+"""Adapters from LangChain and LlamaIndex objects to the engine's generate/score protocol.
+
+The engine (:mod:`beacon.engine.protocol`) already duck-types ``ainvoke`` / ``acomplete`` models
+and plain scorer callables. What it cannot do on its own is *run them under the framework's
+plumbing*: a LangChain model must be invoked with the caller's child ``RunnableConfig`` (so its
+run nests under the BEACON run, callbacks such as ``UsageMetadataCallbackHandler`` see it, and
+tags/metadata propagate), and a scorer given as a runnable needs an input convention. This module
+supplies those adapters; it imports no framework at module level, so the LlamaIndex adapter
+works without LangChain installed and vice versa.
+
+Prompt convention. The engine's prompt is opaque; the adapters pass it a :class:`LCQuery` or
+:class:`LIQuery` that carries the scorer's view of the question (``text``), what the model is
+called with, and the framework context of this one query. ``BeaconResult.prompt`` is reset to
+``text`` by the callers so results stay JSON-ready.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from beacon.engine.protocol import Generation, coerce_generation, is_batched
+from beacon.errors import BeaconError, RewardError
+from beacon.result import BeaconResult
+
+__all__ = [
+    "BeaconSamplingError",
+    "LCQuery",
+    "LIQuery",
+    "lc_generate",
+    "lc_prompt_text",
+    "lc_score",
+    "lc_scorer_runnable",
+    "li_generate_engine",
+    "li_generate_llm",
+    "li_score",
+    "to_reward",
+]
+
+
+class BeaconSamplingError(BeaconError, RuntimeError):
+    """No sample could be scored, so there is no best response to return.
+
+    ``result`` is the full :class:`~beacon.result.BeaconResult` (failed candidates, stop reason
+    ``error`` or ``budget``, and the last error).
+    """
+
+    def __init__(self, result: BeaconResult) -> None:
+        self.result = result
+        super().__init__(
+            f"no scored candidate: stop_reason={result.stop_reason!r}, "
+            f"failed={result.n_failed}, error={result.error!r}"
+        )
+
+
+# -- rewards ----------------------------------------------------------------------------------
+def to_reward(value: Any, position: Any = None) -> float:
+    """A scorer's output as a finite float reward.
+
+    Accepts a real number, a numeric string (an LLM judge piped into ``StrOutputParser``), a
+    message whose text content is numeric (a judge chat model), or a mapping with a numeric
+    ``"score"`` or ``"reward"`` entry. Anything else is a :class:`beacon.RewardError`.
+    """
+    raw = value
+    if isinstance(value, dict):
+        for key in ("score", "reward"):
+            if key in value:
+                value = value[key]
+                break
+    content = getattr(value, "content", None)
+    if isinstance(content, str):
+        value = content
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError as exc:
+            raise RewardError(position, raw, "scorer returned a non-numeric string") from exc
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RewardError(position, raw, "scorer must return a real number")
+    x = float(value)
+    if not math.isfinite(x):
+        raise RewardError(position, raw, "reward must be finite")
+    return x
+
+
+async def _maybe_await(v: Any) -> Any:
+    return await v if inspect.isawaitable(v) else v
+
+
+# -- LangChain ----------------------------------------------------------------------------------
+@dataclass(slots=True)
+class LCQuery:
+    """One LangChain query as the engine's opaque prompt.
+
+    Attributes:
+        text: what the scorer sees as the prompt (see :func:`lc_prompt_text`).
+        model_input: what the model is invoked with (the runnable's input, unchanged).
+        config: the child ``RunnableConfig`` of the BEACON run for this query; model and
+            scorer calls run under it, so they nest as child runs.
+    """
+
+    text: str
+    model_input: Any
+    config: Any = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def lc_prompt_text(value: Any) -> str:
+    """The scorer's view of a LangChain input: the question as plain text.
+
+    A string is itself. A ``PromptValue`` or a message list yields the text of its last human
+    message (what a reward model compares the answer with); without any human message, the
+    whole conversation as ``get_buffer_string`` renders it.
+    """
+    from langchain_core.messages import HumanMessage, convert_to_messages, get_buffer_string
+    from langchain_core.prompt_values import PromptValue
+
+    if isinstance(value, str):
+        return value
+    messages = (
+        value.to_messages() if isinstance(value, PromptValue) else convert_to_messages(value)
+    )
+    for m in reversed(messages):
+        if isinstance(m, HumanMessage):
+            return m.text
+    return get_buffer_string(messages)
+
+
+def lc_generate(
+    model: Any, rate_limiter: Any = None
+) -> Callable[[LCQuery], Awaitable[Generation]]:
+    """``generate(query)``: one sample from a LangChain chat model or runnable.
+
+    The model is invoked with the query's child config (a child run; callbacks see its
+    ``on_llm_end``, hence its usage metadata). ``rate_limiter`` (a LangChain
+    ``BaseRateLimiter``) is acquired before every call, retries included, on top of any
+    limiter the model applies itself. A string output becomes the text of the sample.
+    """
+
+    async def generate(query: LCQuery) -> Generation:
+        if rate_limiter is not None:
+            await rate_limiter.aacquire(blocking=True)
+        out = await model.ainvoke(query.model_input, config=query.config)
+        return coerce_generation(out)
+
+    return generate
+
+
+def lc_scorer_runnable(scorer: Any) -> tuple[Any, bool]:
+    """``(runnable, batched)``: the scorer as a LangChain runnable, so each call is a child run.
+
+    A runnable is used as is: its input is ``{"prompt": text, "response": text}``. A callable
+    ``score(prompt, response)`` (sync or async, e.g. a ``beacon_integrations.scorers`` scorer)
+    is wrapped in a ``RunnableLambda`` named after it; a batched callable (``batched = True``)
+    gets ``{"prompt": text, "responses": [texts]}`` and keeps its batching.
+    """
+    from langchain_core.runnables import Runnable, RunnableLambda
+
+    if isinstance(scorer, Runnable):
+        return scorer, False
+    if not callable(scorer):
+        raise TypeError(
+            f"scorer must be a callable, a LangChain runnable or a beacon scorer; "
+            f"got {type(scorer).__name__}"
+        )
+    batched = is_batched(scorer)
+    name = getattr(scorer, "__name__", None) or type(scorer).__name__
+
+    if batched:
+        async def score_many(inp: dict[str, Any]) -> Any:
+            return await _maybe_await(scorer(inp["prompt"], inp["responses"]))
+
+        return RunnableLambda(score_many, name=name), True
+
+    async def score_one(inp: dict[str, Any]) -> Any:
+        return await _maybe_await(scorer(inp["prompt"], inp["response"]))
+
+    return RunnableLambda(score_one, name=name), False
+
+
+class _LCScore:
+    """Engine scorer calling a LangChain runnable under the query's config."""
+
+    def __init__(self, runnable: Any, batched: bool) -> None:
+        self.runnable = runnable
+        self.batched = batched
+
+    async def __call__(self, query: LCQuery, response: Any) -> Any:
+        if self.batched:
+            out = await self.runnable.ainvoke(
+                {"prompt": query.text, "responses": list(response)}, config=query.config
+            )
+            if isinstance(out, str | bytes) or not isinstance(out, Sequence):
+                raise TypeError(
+                    f"batched scorer must return a list of rewards, got {type(out).__name__}"
+                )
+            return [to_reward(v, i) for i, v in enumerate(out)]
+        out = await self.runnable.ainvoke(
+            {"prompt": query.text, "response": response}, config=query.config
+        )
+        return to_reward(out)
+
+
+def lc_score(scorer: Any) -> _LCScore:
+    """The engine scorer for ``scorer`` (see :func:`lc_scorer_runnable`)."""
+    runnable, batched = lc_scorer_runnable(scorer)
+    return _LCScore(runnable, batched)
+
+
+# -- LlamaIndex ---------------------------------------------------------------------------------
+@dataclass(slots=True)
+class LIQuery:
+    """One LlamaIndex query as the engine's opaque prompt.
+
+    ``text`` is the query string (what the scorer sees); ``bundle`` the ``QueryBundle`` an
+    inner query engine is queried with; ``prompt`` the formatted LLM prompt (LLM mode).
+    """
+
+    text: str
+    bundle: Any = field(default=None, repr=False)
+    prompt: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
+    """``generate(query)``: one completion of ``query.prompt`` from a LlamaIndex ``LLM``.
+
+    Uses ``acomplete`` (``formatted=True``: the prompt template was applied already) for
+    completion models and ``achat`` with one user message for chat models, so both kinds work
+    and LlamaIndex's own LLM instrumentation events fire for every sample.
+    """
+
+    async def generate(query: LIQuery) -> Generation:
+        if getattr(llm.metadata, "is_chat_model", False):
+            from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+            resp = await llm.achat([ChatMessage(role=MessageRole.USER, content=query.prompt)])
+        else:
+            resp = await llm.acomplete(query.prompt, formatted=True)
+        return coerce_generation(resp)
+
+    return generate
+
+
+def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
+    """``generate(query)``: one full response of an inner LlamaIndex query engine.
+
+    The whole ``Response`` (answer text and source nodes) is kept as the sample's raw object so
+    the chosen one can be returned with its sources. Streaming responses are refused (a
+    sample must be complete to be scored).
+    """
+
+    async def generate(query: LIQuery) -> Generation:
+        resp = await engine.aquery(query.bundle)
+        text = getattr(resp, "response", None)
+        if text is None and hasattr(resp, "response_gen"):
+            raise TypeError("BeaconQueryEngine needs a non-streaming inner query engine")
+        return Generation("" if text is None else str(text), raw=resp)
+
+    return generate
+
+
+class _LIScore:
+    """Engine scorer: ``score(query_str, text)`` (sync or async), or a LlamaIndex evaluator."""
+
+    def __init__(self, scorer: Any) -> None:
+        self.scorer = scorer
+        self.batched = is_batched(scorer)
+        self._evaluator = callable(getattr(scorer, "aevaluate", None)) and not callable(scorer)
+
+    async def __call__(self, query: LIQuery, response: Any) -> Any:
+        if self._evaluator:
+            res = await self.scorer.aevaluate(query=query.text, response=response)
+            if res.score is None:
+                raise RewardError(None, res, "evaluator returned no score")
+            return to_reward(res.score)
+        out = await _maybe_await(self.scorer(query.text, response))
+        if self.batched:
+            return [to_reward(v, i) for i, v in enumerate(out)]
+        return to_reward(out)
+
+
+def li_score(scorer: Any) -> _LIScore:
+    """The engine scorer for a LlamaIndex-side ``scorer``.
+
+    ``scorer`` is a callable ``score(query_str, response_text) -> float`` (sync or async;
+    ``batched = True`` for ``score(query_str, [texts]) -> [floats]``, e.g. a
+    ``beacon_integrations.scorers`` HTTP scorer), or a LlamaIndex ``BaseEvaluator`` whose
+    ``aevaluate(query=..., response=...)`` result ``.score`` is the reward.
+    """
+    if not callable(scorer) and not callable(getattr(scorer, "aevaluate", None)):
+        raise TypeError(
+            f"scorer must be a callable or a LlamaIndex evaluator, got {type(scorer).__name__}"
+        )
+    return _LIScore(scorer)

@@ -1,0 +1,551 @@
+"""LangChain integration: :class:`BeaconRunnable`, BEACON best-of-N as a native runnable.
+
+``BeaconRunnable(model=chat_model, scorer=score, config=BeaconConfig(...))`` samples responses
+from ``model`` and scores them with ``scorer`` until the Stopper stops (paper, Theorem "Optimal
+Stopping Rule": stop when h_{n,k}(zhat_k) <= c / sigma_k, or at the horizon n), then returns the
+response with the highest raw reward z_k. It runs on :class:`beacon.engine.BeaconSampler` under
+LangChain's own plumbing:
+
+* ``ainvoke`` runs natively through ``_acall_with_config`` (no thread pool); ``invoke`` drives
+  the same coroutine through :func:`beacon._sync.run_sync`, so it also works inside a running
+  event loop. ``batch`` / ``abatch`` run all inputs through one sampler, so
+  ``config["max_concurrency"]`` bounds the model calls in flight across the whole batch.
+* The model and scorer are invoked with the child config of the BEACON run: they appear as child
+  runs, callbacks (e.g. ``UsageMetadataCallbackHandler``), tags and metadata propagate.
+* Every scored sample and every Stopper decision is a custom event (``beacon_sample``,
+  ``beacon_decision``) visible in ``astream_events(version="v2")``; their data carry ``k``,
+  ``reward`` (sample) and ``zhat``, ``h``, ``threshold``, ``decision``, ``reason`` (decision).
+* ``astream`` / ``stream`` yield a :class:`BeaconChunk` per scored candidate, then one final
+  chunk whose ``output`` is what ``invoke`` returns.
+* ``as_beacon_tool(name, description)`` turns the runnable into a ``BaseTool`` for agents.
+
+Rewards are in the scorer's units; the cost ``c`` of the config is in (transformed) reward units
+per sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForChainRun,
+    CallbackManagerForChainRun,
+    adispatch_custom_event,
+)
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.messages import AIMessage
+from langchain_core.rate_limiters import BaseRateLimiter
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableSerializable,
+)
+from langchain_core.runnables.base import coerce_to_runnable
+from langchain_core.runnables.retry import RunnableRetry
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator
+
+from beacon._sync import run_sync
+from beacon.budget import Budget
+from beacon.config import BeaconConfig
+from beacon.engine import BeaconSampler
+from beacon.errors import ConfigError
+from beacon.events import BeaconEvent, SampleEvent
+from beacon.result import BeaconResult
+from beacon.retry import RetryPolicy
+from beacon_integrations._adapt import (
+    BeaconSamplingError,
+    LCQuery,
+    lc_generate,
+    lc_prompt_text,
+    lc_score,
+)
+
+__all__ = ["BeaconChunk", "BeaconRunnable", "BeaconSamplingError"]
+
+SAMPLE_EVENT = "beacon_sample"
+DECISION_EVENT = "beacon_decision"
+
+
+class BeaconChunk(BaseModel):
+    """One item of :meth:`BeaconRunnable.astream`.
+
+    ``kind="candidate"``: a sample was scored (or failed); ``k`` is the number of rewards the
+    Stopper has after it, ``index`` its draw order, ``reward`` its raw reward. ``kind="final"``:
+    the choice; ``index``/``text``/``reward`` are the chosen candidate's, ``n_samples`` the
+    samples charged, ``stop_reason`` why sampling ended and ``output`` exactly what ``invoke``
+    returns (an ``AIMessage``, or the ``BeaconResult`` with ``return_result=True``).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    kind: Literal["candidate", "final"]
+    k: int
+    index: int | None = None
+    text: str = ""
+    reward: float | None = None
+    failed: bool = False
+    error: str | None = None
+    n_samples: int | None = None
+    stop_reason: str | None = None
+    output: Any = None
+
+
+def _summary(res: BeaconResult) -> dict[str, Any]:
+    best = res.best
+    return {
+        "index": None if best is None else best.index,
+        "reward": None if best is None else best.reward,
+        "n_samples": res.n_samples,
+        "stop_reason": res.stop_reason,
+        "rewards": [c.reward for c in res.candidates],
+    }
+
+
+def _dispatcher(queries: Sequence[LCQuery]) -> Callable[[BeaconEvent], Any]:
+    """Observer turning engine events into LangChain custom events of the right query's run."""
+
+    async def observe(ev: BeaconEvent) -> None:
+        q = queries[0 if ev.query_id is None else ev.query_id]
+        name = SAMPLE_EVENT if isinstance(ev, SampleEvent) else DECISION_EVENT
+        await adispatch_custom_event(name, ev.to_dict(), config=q.config)
+
+    return observe
+
+
+def _concat_inputs(chunks: list[Any]) -> Any:
+    # Same rule as Runnable.transform: add streamed input chunks, else keep the last one.
+    final: Any = None
+    for ch in chunks:
+        if final is None:
+            final = ch
+            continue
+        try:
+            final = final + ch
+        except TypeError:
+            final = ch
+    return final
+
+
+def _iterate_in_thread(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
+    """Iterate an async generator from sync code (even inside a running loop).
+
+    The generator runs on a private event loop in a worker thread (with the caller's context
+    variables); items cross over a queue. Closing the iterator early cancels the generator.
+    """
+    q: queue.Queue[tuple[str, Any]] = queue.Queue()
+    holder: dict[str, Any] = {}
+    lock = threading.Lock()
+    closed = threading.Event()
+    ctx = contextvars.copy_context()
+
+    async def pump() -> None:
+        with lock:
+            if closed.is_set():  # the consumer left before the loop started
+                return
+            holder["loop"] = asyncio.get_running_loop()
+            holder["task"] = asyncio.current_task()
+        agen = make()
+        try:
+            async for item in agen:
+                q.put(("item", item))
+        finally:
+            await agen.aclose()  # type: ignore[attr-defined]
+
+    def target() -> None:
+        try:
+            ctx.run(asyncio.run, pump())
+        except BaseException as exc:  # handed to the consumer thread
+            q.put(("error", exc))
+        else:
+            q.put(("done", None))
+
+    t = threading.Thread(target=target, name="beacon-stream", daemon=True)
+    t.start()
+    finished = False
+    try:
+        while True:
+            kind, val = q.get()
+            if kind == "item":
+                yield val
+            elif kind == "error":
+                finished = True
+                raise val
+            else:
+                finished = True
+                return
+    finally:
+        if not finished:
+            with lock:
+                closed.set()
+                if "loop" in holder:
+                    holder["loop"].call_soon_threadsafe(holder["task"].cancel)
+        t.join()
+
+
+class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
+    """BEACON adaptive best-of-N over a chat model (or any runnable producing a message/str).
+
+    Attributes:
+        model: chat model or runnable; input is passed to it unchanged (str, messages or a
+            ``PromptValue``); a plain callable is wrapped with ``RunnableLambda``.
+        scorer: the reward ``r(prompt, response)``: a callable (sync/async; ``batched = True``
+            for ``(prompt, [responses]) -> [rewards]``), a ``beacon_integrations.scorers``
+            scorer, or a runnable taking ``{"prompt": str, "response": str}`` and returning a
+            number (a numeric string or a message with numeric content also works). The prompt
+            it sees is the text of the last human message of the input (the input itself if a
+            string).
+        config: the :class:`beacon.BeaconConfig` (cost c, horizon n, family, batch size,
+            prior, transform); a dict from ``BeaconConfig.to_dict()`` is accepted, and
+            LangChain serialization (``dumpd``) writes it as that dict.
+        return_result: return the full :class:`~beacon.result.BeaconResult` instead of the
+            best ``AIMessage``.
+        rate_limiter: LangChain rate limiter acquired before every model call (each retry
+            included), in addition to the model's own ``rate_limiter``.
+        max_concurrency: model calls in flight at once for one invoke/batch (default 16);
+            ``config["max_concurrency"]`` of a call overrides it.
+        retry: the engine's per-call retry policy. ``None``: no engine retries when the model
+            is already a ``with_retry`` runnable (so retries never multiply), else the engine
+            default (3 attempts, exponential backoff with jitter, retryable errors only).
+        timeout: seconds allowed per model or scorer attempt; ``None`` for no limit.
+        budget: per-query caps on tokens, money or wall time (stop reason ``budget``).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model: Runnable[Any, Any]
+    scorer: Any
+    config: InstanceOf[BeaconConfig] = Field(default_factory=BeaconConfig)
+    return_result: bool = False
+    rate_limiter: InstanceOf[BaseRateLimiter] | None = Field(default=None, exclude=True)
+    max_concurrency: int = 16
+    retry: InstanceOf[RetryPolicy] | None = Field(default=None, exclude=True)
+    timeout: float | None = 60.0
+    budget: InstanceOf[Budget] | None = Field(default=None, exclude=True)
+
+    # -- validation ------------------------------------------------------------------------------
+    @field_validator("model", mode="before")
+    @classmethod
+    def _coerce_model(cls, v: Any) -> Any:
+        if isinstance(v, Runnable):
+            return v
+        if callable(v):
+            return coerce_to_runnable(v)
+        raise ConfigError("model", v, "must be a chat model, a runnable or a callable")
+
+    @field_validator("scorer", mode="before")
+    @classmethod
+    def _check_scorer(cls, v: Any) -> Any:
+        if isinstance(v, Runnable) or callable(v):
+            return v
+        raise ConfigError("scorer", v, "must be a callable, a runnable or a beacon scorer")
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _coerce_config(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return BeaconConfig.from_dict(v)
+        if not isinstance(v, BeaconConfig):
+            raise ConfigError("config", v, "must be a beacon.BeaconConfig or its to_dict()")
+        return v
+
+    @field_validator("max_concurrency", mode="before")
+    @classmethod
+    def _check_max_concurrency(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError("max_concurrency", v, "must be an integer >= 1")
+        return v
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _check_timeout(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+            raise ConfigError("timeout", v, "must be a positive number of seconds or None")
+        return v
+
+    # -- serialization ---------------------------------------------------------------------------
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return ["beacon_integrations", "langchain"]
+
+    @property
+    def lc_attributes(self) -> dict[str, Any]:
+        # BeaconConfig is a frozen dataclass: serialize it as its JSON-ready dict, which the
+        # config validator accepts back.
+        return {"config": self.config.to_dict()}
+
+    # -- types -----------------------------------------------------------------------------------
+    @property
+    def InputType(self) -> Any:
+        return LanguageModelInput
+
+    @property
+    def OutputType(self) -> Any:
+        return BeaconResult if self.return_result else AIMessage
+
+    # -- engine ----------------------------------------------------------------------------------
+    def _retry_policy(self) -> RetryPolicy:
+        if self.retry is not None:
+            return self.retry
+        if isinstance(self.model, RunnableRetry):
+            return RetryPolicy.none()
+        return RetryPolicy()
+
+    def _sampler(self, config: RunnableConfig) -> BeaconSampler:
+        mc = config.get("max_concurrency") or self.max_concurrency
+        return BeaconSampler(
+            lc_generate(self.model, self.rate_limiter),
+            lc_score(self.scorer),
+            self.config,
+            max_concurrency=mc,
+            retry=self._retry_policy(),
+            timeout=self.timeout,
+            budget=self.budget,
+        )
+
+    def _query(self, value: Any, config: RunnableConfig) -> LCQuery:
+        return LCQuery(lc_prompt_text(value), value, config)
+
+    def _output(self, res: BeaconResult) -> Any:
+        if self.return_result:
+            return res
+        best = self.best_message(res)
+        if best is None:
+            raise BeaconSamplingError(res)
+        return best
+
+    @staticmethod
+    def best_message(res: BeaconResult) -> AIMessage | None:
+        """The chosen candidate as an ``AIMessage`` (its own message when the model returned
+        one), with ``response_metadata["beacon"]`` = index, reward, n_samples, stop_reason and
+        every candidate's reward; ``None`` when no candidate was scored."""
+        best = res.best
+        if best is None:
+            return None
+        meta = {"beacon": _summary(res)}
+        if isinstance(best.raw, AIMessage):
+            return best.raw.model_copy(
+                update={"response_metadata": {**best.raw.response_metadata, **meta}}
+            )
+        return AIMessage(content=best.text, response_metadata=meta)
+
+    @staticmethod
+    def _check_kwargs(kwargs: dict[str, Any]) -> None:
+        if kwargs:
+            raise TypeError(
+                f"unexpected keyword arguments {sorted(kwargs)}; bind model options on the "
+                "model itself (model.bind(...))"
+            )
+
+    # -- invoke ----------------------------------------------------------------------------------
+    async def _ainvoke_inner(
+        self, value: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+    ) -> Any:
+        query = self._query(value, config)
+        res = await self._sampler(config).arun(query, observers=[_dispatcher([query])])
+        res.prompt = query.text
+        return self._output(res)
+
+    async def ainvoke(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Any:
+        """Sample, score and stop for one input; returns the best ``AIMessage`` (or result)."""
+        self._check_kwargs(kwargs)
+        return await self._acall_with_config(self._ainvoke_inner, input, config)
+
+    def invoke(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Any:
+        """Synchronous :meth:`ainvoke`; safe inside a running event loop (``beacon._sync``)."""
+        self._check_kwargs(kwargs)
+        return run_sync(self.ainvoke(input, config))
+
+    # -- batch -----------------------------------------------------------------------------------
+    async def _abatch_inner(
+        self,
+        inputs: list[Any],
+        run_manager: list[AsyncCallbackManagerForChainRun],
+        config: list[RunnableConfig],
+    ) -> list[Any]:
+        queries = [self._query(v, c) for v, c in zip(inputs, config, strict=True)]
+        sampler = self._sampler(config[0])
+        results = await sampler.arun_many(queries, observers=[_dispatcher(queries)])
+        out: list[Any] = []
+        for q, res in zip(queries, results, strict=True):
+            res.prompt = q.text
+            try:
+                out.append(self._output(res))
+            except BeaconSamplingError as exc:
+                out.append(exc)
+        return out
+
+    async def abatch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any | None,
+    ) -> list[Any]:
+        """All inputs through one sampler: ``max_concurrency`` bounds model calls in flight
+        across the batch, and one input's failure never loses the others' results."""
+        self._check_kwargs(kwargs)
+        return await self._abatch_with_config(
+            self._abatch_inner, inputs, config, return_exceptions=return_exceptions
+        )
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any | None,
+    ) -> list[Any]:
+        """Synchronous :meth:`abatch` (one event loop, not a thread per input)."""
+        self._check_kwargs(kwargs)
+        return run_sync(self.abatch(inputs, config, return_exceptions=return_exceptions))
+
+    # -- streaming -------------------------------------------------------------------------------
+    async def _chunks(self, value: Any, config: RunnableConfig) -> AsyncIterator[BeaconChunk]:
+        query = self._query(value, config)
+        events: asyncio.Queue[SampleEvent | None] = asyncio.Queue()
+
+        def tap(ev: BeaconEvent) -> None:
+            if isinstance(ev, SampleEvent):
+                events.put_nowait(ev)
+
+        task = asyncio.ensure_future(
+            self._sampler(config).arun(query, observers=[_dispatcher([query]), tap])
+        )
+        task.add_done_callback(lambda _t: events.put_nowait(None))
+        try:
+            while (ev := await events.get()) is not None:
+                yield BeaconChunk(
+                    kind="candidate", k=ev.k, index=ev.index, text=ev.text, reward=ev.reward,
+                    failed=ev.failed, error=ev.error,
+                )
+            res = task.result()
+            res.prompt = query.text
+            output = self._output(res)
+            best = res.best
+            yield BeaconChunk(
+                kind="final", k=res.n_samples, index=None if best is None else best.index,
+                text="" if best is None else best.text,
+                reward=None if best is None else best.reward, n_samples=res.n_samples,
+                stop_reason=res.stop_reason, output=output,
+            )
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _atransform(
+        self,
+        inputs: AsyncIterator[Any],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> AsyncIterator[BeaconChunk]:
+        value = _concat_inputs([ch async for ch in inputs])
+        async for chunk in self._chunks(value, config):
+            yield chunk
+
+    def _transform(
+        self, inputs: Iterator[Any], run_manager: CallbackManagerForChainRun, config: RunnableConfig
+    ) -> Iterator[BeaconChunk]:
+        value = _concat_inputs(list(inputs))
+        yield from _iterate_in_thread(lambda: self._chunks(value, config))
+
+    async def atransform(
+        self,
+        input: AsyncIterator[LanguageModelInput],
+        config: RunnableConfig | None = None,
+        **kwargs: Any | None,
+    ) -> AsyncIterator[BeaconChunk]:
+        self._check_kwargs(kwargs)
+        async for chunk in self._atransform_stream_with_config(input, self._atransform, config):
+            yield chunk
+
+    def transform(
+        self,
+        input: Iterator[LanguageModelInput],
+        config: RunnableConfig | None = None,
+        **kwargs: Any | None,
+    ) -> Iterator[BeaconChunk]:
+        self._check_kwargs(kwargs)
+        yield from self._transform_stream_with_config(input, self._transform, config)
+
+    async def astream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        **kwargs: Any | None,
+    ) -> AsyncIterator[BeaconChunk]:
+        """One :class:`BeaconChunk` per scored candidate, then the final choice."""
+
+        async def one() -> AsyncIterator[Any]:
+            yield input
+
+        async for chunk in self.atransform(one(), config, **kwargs):
+            yield chunk
+
+    def stream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        **kwargs: Any | None,
+    ) -> Iterator[BeaconChunk]:
+        """Synchronous :meth:`astream` (works inside a running event loop)."""
+        yield from self.transform(iter([input]), config, **kwargs)
+
+    # -- agent tool ------------------------------------------------------------------------------
+    def as_beacon_tool(
+        self, name: str, description: str, *, return_direct: bool = False
+    ) -> BaseTool:
+        """A ``BaseTool`` taking ``question: str`` and answering with the best response text.
+
+        The tool's artifact (``response_format="content_and_artifact"``) is the
+        ``BeaconResult.to_dict()``: every candidate, reward and the stop reason. The BEACON run
+        nests under the tool run. When no candidate can be scored the tool reports a
+        ``ToolException`` message to the agent instead of raising.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError("name", name, "must be a non-empty string")
+        if not isinstance(description, str) or not description:
+            raise ConfigError("description", description, "must be a non-empty string")
+        runner = self.model_copy(update={"return_result": True})
+
+        def content(res: BeaconResult) -> tuple[str, dict[str, Any]]:
+            best = res.best
+            if best is None:
+                raise ToolException(str(BeaconSamplingError(res)))
+            return best.text, res.to_dict()
+
+        async def abest(question: str, config: RunnableConfig) -> tuple[str, dict[str, Any]]:
+            return content(await runner.ainvoke(question, config))
+
+        def best(question: str, config: RunnableConfig) -> tuple[str, dict[str, Any]]:
+            return content(runner.invoke(question, config))
+
+        class Question(BaseModel):
+            question: str = Field(description="The question to answer.")
+
+        return StructuredTool.from_function(
+            func=best,
+            coroutine=abest,
+            name=name,
+            description=description,
+            args_schema=Question,
+            return_direct=return_direct,
+            response_format="content_and_artifact",
+            handle_tool_error=True,
+        )

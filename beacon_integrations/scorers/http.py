@@ -1,0 +1,485 @@
+"""HttpRewardScorer: score responses with a reward model behind an HTTP JSON endpoint (aiohttp).
+
+One :class:`aiohttp.ClientSession` per event loop, created lazily on first use and closed by
+:meth:`HttpRewardScorer.aclose` (or ``async with scorer:``), with a bounded connection pool.
+
+Request: ``request_template`` is any JSON value; string values that are exactly a placeholder
+are replaced by the value itself (keeping its JSON type), placeholders inside longer strings are
+replaced by its text. Placeholders:
+
+* ``{prompt}`` -- the prompt as given (a string, a list of messages, any JSON value);
+* ``{response}`` -- the response text (single mode);
+* ``{responses}`` / ``{prompts}`` -- the list of response texts / the prompt repeated once per
+  response (batched mode);
+* ``{messages}`` -- chat messages: the prompt as a user message (or the prompt's own list of
+  ``{"role", "content"}`` messages) followed by ``{"role": "assistant", "content": response}``.
+
+Response: ``score_path`` is a dotted path (``"data.0.score"``; integers index lists) to the
+score, or in batched mode to a list of scores, or a path with one ``*`` (``"data.*.score"``)
+collecting one score per list element; or a callable ``f(json) -> score | [scores]``.
+
+Auth: ``api_key_env`` names an environment variable read when the scorer is created; its value
+is sent as ``{auth_header}: {auth_scheme} <value>`` and never appears in ``repr``, errors or
+events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import numbers
+import os
+import re
+import weakref
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from beacon.errors import ConfigError
+from beacon_integrations.scorers.errors import (
+    RewardConnectionError,
+    RewardHTTPError,
+    RewardResponseError,
+    RewardTimeoutError,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["HttpRewardScorer", "extract_path"]
+
+_PLACEHOLDER = re.compile(r"\{(prompt|prompts|response|responses|messages)\}")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _safe_url(url: str) -> str:
+    """The URL without credentials, query or fragment (they may carry keys)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _messages(prompt: Any, response: str) -> list[Any]:
+    if isinstance(prompt, list) and all(
+        isinstance(m, Mapping) and "role" in m and "content" in m for m in prompt
+    ):
+        msgs = [dict(m) for m in prompt]
+    else:
+        msgs = [{"role": "user", "content": prompt if isinstance(prompt, str) else str(prompt)}]
+    msgs.append({"role": "assistant", "content": response})
+    return msgs
+
+
+def _render(template: Any, values: Mapping[str, Any]) -> Any:
+    if isinstance(template, str):
+        m = _PLACEHOLDER.fullmatch(template)
+        if m is not None:
+            key = m.group(1)
+            if key not in values:
+                raise ConfigError("request_template", template, f"{{{key}}} is not available here")
+            return values[key]
+
+        def sub(mm: re.Match[str]) -> str:
+            key = mm.group(1)
+            if key not in values:
+                raise ConfigError("request_template", template, f"{{{key}}} is not available here")
+            v = values[key]
+            return v if isinstance(v, str) else json.dumps(v)
+
+        return _PLACEHOLDER.sub(sub, template)
+    if isinstance(template, Mapping):
+        return {k: _render(v, values) for k, v in template.items()}
+    if isinstance(template, list | tuple):
+        return [_render(v, values) for v in template]
+    return template
+
+
+_SINGLE_ONLY = {"response", "messages"}
+_BATCH_ONLY = {"responses", "prompts"}
+
+
+def _placeholders(template: Any) -> set[str]:
+    if isinstance(template, str):
+        return set(_PLACEHOLDER.findall(template))
+    if isinstance(template, Mapping):
+        return set().union(*(_placeholders(v) for v in template.values()))
+    if isinstance(template, list | tuple):
+        return set().union(*(_placeholders(v) for v in template))
+    return set()
+
+
+def _check_placeholders(template: Any, batched: bool) -> None:
+    found = _placeholders(template)
+    bad = found & (_SINGLE_ONLY if batched else _BATCH_ONLY)
+    if bad:
+        mode = "batched" if batched else "single"
+        raise ConfigError(
+            "request_template", template,
+            f"placeholder(s) {sorted(bad)} are not available in {mode} mode",
+        )
+    need = "responses" if batched else "response"
+    if need not in found and not (not batched and "messages" in found):
+        raise ConfigError("request_template", template, f"must contain {{{need}}}")
+
+
+def extract_path(doc: Any, path: str) -> Any:
+    """Follow a dotted ``path`` (integers index lists, one ``*`` maps over a list) in ``doc``.
+
+    Raises :class:`RewardResponseError` naming the path prefix that could not be followed.
+    """
+    parts = path.split(".") if path else []
+    cur: Any = doc
+    for i, part in enumerate(parts):
+        here = ".".join(parts[: i + 1])
+        if part == "*":
+            if not isinstance(cur, list):
+                raise RewardResponseError(here, cur, "expected a list to map over")
+            rest = ".".join(parts[i + 1 :])
+            return [extract_path(el, rest) if rest else el for el in cur]
+        if isinstance(cur, Mapping):
+            if part not in cur:
+                raise RewardResponseError(here, _keys(cur), "field missing; found these keys")
+            cur = cur[part]
+        elif isinstance(cur, list):
+            if not re.fullmatch(r"-?\d+", part) or not -len(cur) <= int(part) < len(cur):
+                raise RewardResponseError(here, len(cur), "list index missing or out of range")
+            cur = cur[int(part)]
+        else:
+            raise RewardResponseError(here, cur, "cannot index into a scalar")
+    return cur
+
+
+def _keys(d: Mapping[str, Any]) -> list[str]:
+    return sorted(str(k) for k in d)[:20]
+
+
+def _as_score(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RewardResponseError(path, value, "score is not a number")
+    x = float(value)
+    if not math.isfinite(x):
+        raise RewardResponseError(path, value, "score is not finite")
+    return x
+
+
+def number_in_text(path: str) -> Callable[[Any], float]:
+    """Score extractor: the first number in the string at ``path`` (e.g. ``"reward:-3.5"``)."""
+
+    def extract(doc: Any) -> float:
+        text = extract_path(doc, path)
+        if not isinstance(text, str):
+            return _as_score(text, path)
+        m = _NUMBER.search(text)
+        if m is None:
+            raise RewardResponseError(path, text, "no number in the text")
+        return _as_score(float(m.group(0)), path)
+
+    return extract
+
+
+def _vllm_batch_scores(doc: Any) -> list[float]:
+    data = extract_path(doc, "data")
+    if not isinstance(data, list):
+        raise RewardResponseError("data", data, "expected a list")
+    items = list(enumerate(data))
+    if all(isinstance(d, Mapping) and isinstance(d.get("index"), int) for d in data):
+        items = sorted(((d["index"], d) for d in data), key=lambda t: t[0])
+    return [_as_score(extract_path(d, "score"), f"data.{i}.score") for i, d in items]
+
+
+class HttpRewardScorer:
+    """A reward scorer calling an HTTP JSON endpoint; usable as a BeaconSampler ``score``.
+
+    Args:
+        url: the endpoint (POST).
+        request_template: JSON body with placeholders (see module docs). Default
+            ``{"prompt": "{prompt}", "response": "{response}"}``, or with ``"responses":
+            "{responses}"`` in batched mode.
+        score_path: dotted path or callable locating the score (list of scores when batched).
+        batched: one request scores all responses of a batch (the endpoint accepts lists).
+        headers: extra request headers (do not put secrets here; use ``api_key_env``).
+        api_key_env: name of the environment variable holding the API key.
+        auth_header / auth_scheme: how the key is sent (``Authorization: Bearer <key>``);
+            ``auth_scheme=""`` sends the bare key (e.g. ``auth_header="x-api-key"``).
+        timeout: seconds allowed to connect, and between bytes of the response (waiting for a
+            pooled connection excluded) -> :class:`RewardTimeoutError`.
+        total_timeout: optional cap on a whole request, pool waiting included.
+        max_connections / max_connections_per_host: connection-pool limits (0 = unlimited).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        request_template: Any = None,
+        score_path: str | Callable[[Any], Any] = "score",
+        batched: bool = False,
+        headers: Mapping[str, str] | None = None,
+        api_key_env: str | None = None,
+        auth_header: str = "Authorization",
+        auth_scheme: str = "Bearer",
+        timeout: float = 30.0,
+        total_timeout: float | None = None,
+        max_connections: int = 64,
+        max_connections_per_host: int = 0,
+    ) -> None:
+        if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https"):
+            raise ConfigError("url", _safe_url(str(url)), "must be an http(s) URL")
+        if not (isinstance(score_path, str) or callable(score_path)):
+            raise ConfigError("score_path", score_path, "must be a dotted path or a callable")
+        if isinstance(score_path, str) and score_path.count("*") > 1:
+            raise ConfigError("score_path", score_path, "at most one '*' is supported")
+        for name, t in (("timeout", timeout), ("total_timeout", total_timeout)):
+            if t is None and name == "total_timeout":
+                continue
+            if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
+                raise ConfigError(name, t, "must be a positive number of seconds")
+        for name, v in (("max_connections", max_connections),
+                        ("max_connections_per_host", max_connections_per_host)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(name, v, "must be an integer >= 0")
+        self.url = url
+        self.batched = bool(batched)
+        if request_template is None:
+            request_template = (
+                {"prompt": "{prompt}", "responses": "{responses}"}
+                if self.batched
+                else {"prompt": "{prompt}", "response": "{response}"}
+            )
+        _check_placeholders(request_template, self.batched)
+        self.request_template = request_template
+        self.score_path = score_path
+        self.headers = dict(headers or {})
+        self.api_key_env = api_key_env
+        self._auth: dict[str, str] = {}
+        if api_key_env is not None:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise ConfigError("api_key_env", api_key_env, "environment variable is not set")
+            self._auth = {auth_header: f"{auth_scheme} {key}" if auth_scheme else key}
+            self._secret: str | None = key
+        else:
+            self._secret = None
+        self.timeout = float(timeout)
+        self.total_timeout = None if total_timeout is None else float(total_timeout)
+        self.max_connections = max_connections
+        self.max_connections_per_host = max_connections_per_host
+        self._sessions: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, AsyncGenerator[None, None]]
+        ] = weakref.WeakKeyDictionary()
+
+    # -- presets --------------------------------------------------------------------------------
+    @classmethod
+    def openai_compatible(
+        cls,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        score_path: str | Callable[[Any], Any] | None = None,
+        **kwargs: Any,
+    ) -> HttpRewardScorer:
+        """A reward model served through an OpenAI-compatible chat-completions API.
+
+        Assumed shape (NVIDIA-NIM-style reward models such as Nemotron-70B-Reward): POST
+        ``{base_url}/chat/completions`` with ``{"model": model, "messages": [user prompt,
+        assistant response]}``; the reward is the first number in
+        ``choices[0].message.content`` (e.g. ``"reward:-3.25"`` or ``"0.82"``). Override
+        ``score_path`` for servers that put it elsewhere. Unbatched (one response per request).
+        """
+        return cls(
+            base_url.rstrip("/") + "/chat/completions",
+            request_template={"model": model, "messages": "{messages}"},
+            score_path=score_path or number_in_text("choices.0.message.content"),
+            api_key_env=api_key_env,
+            **kwargs,
+        )
+
+    @classmethod
+    def vllm_score(
+        cls,
+        base_url: str,
+        model: str,
+        *,
+        batched: bool = True,
+        path: str = "/score",
+        api_key_env: str | None = None,
+        **kwargs: Any,
+    ) -> HttpRewardScorer:
+        """vLLM's score API (``vllm serve <model> --task score``).
+
+        Assumed shape: POST ``{base_url}/score`` with ``{"model": model, "text_1": prompt,
+        "text_2": response}`` (batched: ``"text_2": [responses]``) answering ``{"data":
+        [{"index": i, "score": s}, ...]}``; scores are read from ``data.0.score`` (batched:
+        every ``data[*].score``, ordered by ``index``). The prompt should be a string.
+        """
+        return cls(
+            base_url.rstrip("/") + path,
+            request_template={
+                "model": model,
+                "text_1": "{prompt}",
+                "text_2": "{responses}" if batched else "{response}",
+            },
+            score_path=_vllm_batch_scores if batched else "data.0.score",
+            batched=batched,
+            api_key_env=api_key_env,
+            **kwargs,
+        )
+
+    # -- scoring --------------------------------------------------------------------------------
+    async def __call__(self, prompt: Any, response: Any) -> Any:
+        """``(prompt, text) -> float``; in batched mode ``(prompt, [texts]) -> [floats]``."""
+        if self.batched:
+            return await self.score_batch(prompt, list(response))
+        return await self.score(prompt, response)
+
+    async def score(self, prompt: Any, response: str) -> float:
+        """Score one response (one request, whatever the mode)."""
+        values = {"prompt": prompt, "response": response, "messages": _messages(prompt, response)}
+        body = _render(self.request_template, values) if not self.batched else _render(
+            self.request_template,
+            {**values, "responses": [response], "prompts": [prompt]},
+        )
+        doc = await self._post(body)
+        out = self._extract(doc)
+        if self.batched:
+            scores = self._as_list(out, 1)
+            return scores[0]
+        return _as_score(out, self._path_name())
+
+    async def score_batch(self, prompt: Any, responses: list[str]) -> list[float]:
+        """Score many responses: one request in batched mode, else concurrent single requests."""
+        if not self.batched:
+            return list(await asyncio.gather(*(self.score(prompt, r) for r in responses)))
+        if not responses:
+            return []
+        body = _render(
+            self.request_template,
+            {"prompt": prompt, "responses": list(responses), "prompts": [prompt] * len(responses)},
+        )
+        return self._as_list(self._extract(await self._post(body)), len(responses))
+
+    def _path_name(self) -> str:
+        return self.score_path if isinstance(self.score_path, str) else "<score_path>"
+
+    def _extract(self, doc: Any) -> Any:
+        if callable(self.score_path):
+            return self.score_path(doc)
+        return extract_path(doc, self.score_path)
+
+    def _as_list(self, out: Any, n: int) -> list[float]:
+        name = self._path_name()
+        if not isinstance(out, list):
+            raise RewardResponseError(name, out, f"expected a list of {n} scores")
+        if len(out) != n:
+            raise RewardResponseError(name, out, f"expected {n} scores, got {len(out)}")
+        return [_as_score(v, f"{name}[{i}]") for i, v in enumerate(out)]
+
+    # -- transport ------------------------------------------------------------------------------
+    async def _session(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        entry = self._sessions.get(loop)
+        if entry is None or entry[0].closed:
+            s = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections, limit_per_host=self.max_connections_per_host
+                ),
+                # Connect and read gaps are bounded, not the wait for a pooled connection:
+                # under load that wait is queueing, and the engine's per-call timeout bounds
+                # the whole call anyway.
+                timeout=aiohttp.ClientTimeout(
+                    total=self.total_timeout, sock_connect=self.timeout, sock_read=self.timeout
+                ),
+                headers={"Content-Type": "application/json", **self.headers},
+            )
+            # A started async generator is finalised by the loop's shutdown_asyncgens()
+            # (asyncio.run does that), which closes a session that aclose() never got to:
+            # sync callers (BeaconSampler.run) get a fresh loop per call.
+            keeper = _close_at_loop_shutdown(s)
+            await keeper.__anext__()
+            entry = (s, keeper)
+            self._sessions[loop] = entry
+        return entry[0]
+
+    def _scrub(self, text: str) -> str:
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return text
+
+    async def _post(self, body: Any) -> Any:
+        import aiohttp
+
+        url = _safe_url(self.url)
+        try:
+            session = await self._session()
+            async with session.post(self.url, json=body, headers=self._auth) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    text = self._scrub(raw[:200].decode("utf-8", "replace"))
+                    raise RewardHTTPError(
+                        resp.status, url, text, _retry_after(resp.headers.get("Retry-After"))
+                    )
+        except (RewardHTTPError, asyncio.CancelledError):
+            raise
+        except TimeoutError as exc:
+            raise RewardTimeoutError(f"reward endpoint {url} timed out after {self.timeout}s") \
+                from exc
+        except aiohttp.ClientError as exc:
+            msg = self._scrub(str(exc))
+            raise RewardConnectionError(
+                f"reward endpoint {url}: {type(exc).__name__}: {msg}"
+            ) from exc
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            snippet = self._scrub(raw[:200].decode("utf-8", "replace"))
+            raise RewardResponseError("<body>", snippet, "response is not valid JSON") from exc
+
+    async def aclose(self) -> None:
+        """Close the session of the running loop and forget all sessions.
+
+        Sessions of other (finished) loops were closed when their loop shut down.
+        """
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        for lp, (s, _keeper) in list(self._sessions.items()):
+            if lp is loop:
+                await s.close()
+            del self._sessions[lp]
+
+    async def __aenter__(self) -> HttpRewardScorer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        auth = f", api_key_env={self.api_key_env!r}" if self.api_key_env else ""
+        return (
+            f"HttpRewardScorer(url={_safe_url(self.url)!r}, batched={self.batched}, "
+            f"score_path={self._path_name()!r}{auth})"
+        )
+
+
+async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        return None  # an HTTP date; the backoff policy decides instead
+    return v if math.isfinite(v) and v >= 0 else None

@@ -1,0 +1,195 @@
+"""Answer checking for math prompts, and the paper's correctness-adjusted reward.
+
+:class:`MathAnswerVerifier` gives a 0/1 reward (for ``family="bernoulli"``): 1 when the last
+``\\boxed{...}`` answer of a response is mathematically equal to the reference answer, judged
+by math-verify (symbolic equality, not string equality). :class:`CorrectnessAdjusted` combines a
+learned reward ``R`` with such a verifier as in the paper's appendix "Reward Adaptation for
+BEACON Algorithm".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from beacon.engine.protocol import is_batched, make_score
+from beacon.errors import ConfigError
+
+__all__ = ["CorrectnessAdjusted", "MathAnswerVerifier", "adjust_reward", "last_boxed"]
+
+_BOX_CMDS = ("\\boxed", "\\fbox")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
+
+    ``\\boxed 5`` (no braces) yields ``"5"``. ``None`` when there is no complete box.
+    """
+    start = max(text.rfind(cmd) for cmd in _BOX_CMDS)
+    while start >= 0:
+        cmd = next(c for c in _BOX_CMDS if text.startswith(c, start))
+        i = start + len(cmd)
+        if i < len(text) and text[i] == "{":
+            depth, j = 0, i
+            while j < len(text):
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[i + 1 : j].strip()
+                j += 1
+        elif i < len(text) and text[i] == " ":
+            rest = text[i + 1 :].split("$")[0].strip()
+            if rest:
+                return rest.split()[0]
+        # an unclosed box: look for an earlier one
+        start = max(text.rfind(c, 0, start) for c in _BOX_CMDS)
+    return None
+
+
+def _timeouts() -> int | None:
+    # math-verify's timeouts use signal.alarm, which only works in the main thread.
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+@lru_cache(maxsize=4096)
+def _parse(expr: str, boxed: bool) -> Any:
+    from math_verify import parse
+
+    t: Any = _timeouts()
+    out = parse(f"\\boxed{{{expr}}}" if boxed else expr, parsing_timeout=t)
+    if not out and not boxed:
+        out = parse(f"${expr}$", parsing_timeout=t)
+    return out
+
+
+class MathAnswerVerifier:
+    """0/1 reward: is the response's last ``\\boxed{}`` answer equal to the reference?
+
+    The reference comes from the prompt record:
+
+    * ``reference=callable``: ``reference(prompt)`` returns it;
+    * ``reference=None`` (default): ``prompt[reference_key]`` when the prompt is a mapping
+      (e.g. ``{"problem": ..., "answer": "\\frac{1}{2}"}``), else ``prompt.<reference_key>``;
+    * ``reference="..."``: a fixed reference for every prompt.
+
+    A missing reference raises :class:`beacon.ConfigError` naming ``reference_key``; a response
+    without a boxed answer scores 0 (and :meth:`check` returns ``None``).
+    """
+
+    def __init__(
+        self,
+        reference: str | Callable[[Any], Any] | None = None,
+        *,
+        reference_key: str = "answer",
+        float_rounding: int = 6,
+    ) -> None:
+        if reference is not None and not (isinstance(reference, str) or callable(reference)):
+            raise ConfigError("reference", reference, "must be a string, a callable or None")
+        self.reference = reference
+        self.reference_key = reference_key
+        self.float_rounding = float_rounding
+
+    def reference_for(self, prompt: Any) -> str:
+        ref: Any
+        if isinstance(self.reference, str):
+            ref = self.reference
+        elif callable(self.reference):
+            ref = self.reference(prompt)
+        elif isinstance(prompt, Mapping):
+            if self.reference_key not in prompt:
+                raise ConfigError(
+                    "reference_key", self.reference_key, "the prompt record has no such field"
+                )
+            ref = prompt[self.reference_key]
+        else:
+            ref = getattr(prompt, self.reference_key, None)
+            if ref is None:
+                raise ConfigError(
+                    "reference_key", self.reference_key,
+                    f"prompt of type {type(prompt).__name__} has no such field; pass "
+                    "reference=callable or a mapping prompt",
+                )
+        if isinstance(ref, int | float) and not isinstance(ref, bool):
+            ref = str(ref)
+        if not isinstance(ref, str) or not ref.strip():
+            raise ConfigError("reference", ref, "the reference answer must be a non-empty string")
+        return ref
+
+    def check(self, prompt: Any, text: str) -> bool | None:
+        """True / False for a correct / incorrect boxed answer; None when there is none."""
+        from math_verify import verify
+
+        answer = last_boxed(text)
+        if answer is None:
+            return None
+        ref = self.reference_for(prompt)
+        ref_box = last_boxed(ref)
+        gold = _parse(ref_box, True) if ref_box is not None else _parse(ref, False)
+        pred = _parse(answer, True)
+        if not gold or not pred:
+            return False
+        return bool(
+            verify(gold, pred, float_rounding=self.float_rounding, timeout_seconds=_timeouts())
+        )
+
+    def __call__(self, prompt: Any, text: str) -> float:
+        return 1.0 if self.check(prompt, text) else 0.0
+
+    def __repr__(self) -> str:
+        return f"MathAnswerVerifier(reference_key={self.reference_key!r})"
+
+
+def adjust_reward(r: float, correct: bool | None) -> float:
+    """The paper's reward adaptation (appendix "Reward Adaptation for BEACON Algorithm").
+
+    ``R_BEACON`` = 2R if correct and R > 0; R/2 if correct and R <= 0; R/2 if incorrect and
+    R > 0; 2R if incorrect and R <= 0; R unchanged when there is no boxed answer (None).
+    """
+    if correct is None:
+        return r
+    if correct:
+        return 2.0 * r if r > 0 else r / 2.0
+    return r / 2.0 if r > 0 else 2.0 * r
+
+
+class CorrectnessAdjusted:
+    """A scorer returning ``adjust_reward(R, correct)``: learned reward R adapted by a verifier.
+
+    ``scorer`` is any engine scorer (sync or async, single or batched; batching is inherited);
+    ``verifier`` an object with ``check(prompt, text) -> bool | None`` such as
+    :class:`MathAnswerVerifier`, or a callable returning a truthy/falsy correctness (then
+    "no boxed answer" cannot be told apart and counts as incorrect).
+    """
+
+    def __init__(self, scorer: Any, verifier: Any) -> None:
+        if not callable(scorer):
+            raise ConfigError("scorer", scorer, "must be callable")
+        if not (callable(getattr(verifier, "check", None)) or callable(verifier)):
+            raise ConfigError("verifier", verifier, "must have check(prompt, text) or be callable")
+        self.scorer = scorer
+        self.verifier = verifier
+        self.batched = is_batched(scorer)
+        self._score, _ = make_score(scorer)
+
+    def _correct(self, prompt: Any, text: str) -> bool | None:
+        check = getattr(self.verifier, "check", None)
+        if callable(check):
+            out = check(prompt, text)
+            return None if out is None else bool(out)
+        return bool(self.verifier(prompt, text))
+
+    async def __call__(self, prompt: Any, response: Any) -> Any:
+        texts = list(response) if self.batched else [response]
+        raw = await self._score(prompt, texts)
+        out = [
+            adjust_reward(float(r), self._correct(prompt, t))
+            for r, t in zip(raw, texts, strict=True)
+        ]
+        return out if self.batched else out[0]
+
+    def __repr__(self) -> str:
+        return f"CorrectnessAdjusted({self.scorer!r}, {self.verifier!r})"

@@ -1,0 +1,512 @@
+"""The ``beacon`` CLI: replay, tune, table; errors and exit codes; the installed entry point.
+
+In-process runs use typer's CliRunner; a few run the installed ``beacon`` script (and
+``python -m beacon.cli``) in a subprocess. Expected numbers come from :mod:`beacon.evaluation`
+called directly (the CLI must report exactly what the library computes) or from the input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import beacon
+from beacon.cli import app
+from beacon.evaluation import cross_fit, evaluate, load_logged, tune
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "data"
+GAME24 = EXAMPLES / "tot_game24_gpt4.jsonl"
+WRITING = EXAMPLES / "tot_creative_writing_gpt4.jsonl"
+ALPACA = EXAMPLES / "alpacaeval_tulu2_bon11.jsonl"
+
+runner = CliRunner()
+
+
+def run(*args: str | Path) -> tuple[int, str, str]:
+    res = runner.invoke(app, [str(a) for a in args])
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res.exit_code, res.stdout, res.stderr
+
+
+def beacon_script() -> str:
+    exe = Path(sys.executable).parent / "beacon"
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("beacon")
+    if found is None:
+        pytest.fail("the 'beacon' console script is not installed (pip install -e .)")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# help and registration
+# ---------------------------------------------------------------------------------------------
+def test_help_lists_commands_and_version() -> None:
+    code, out, _ = run("--help")
+    assert code == 0
+    for cmd in ("table", "replay", "tune"):
+        assert cmd in out
+    code, out, _ = run("--version")
+    assert code == 0 and beacon.__version__ in out
+    code, _, _ = run()
+    assert code in (0, 2)  # no_args_is_help
+
+
+def test_optional_command_modules_register_when_present() -> None:
+    code, out, _ = run("--help")
+    assert code == 0
+    if (ROOT / "beacon" / "cli" / "priors.py").exists():
+        assert "fit-prior" in out
+    if (ROOT / "beacon" / "cli" / "jobs.py").exists():
+        assert "run" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# replay
+# ---------------------------------------------------------------------------------------------
+def test_replay_json_matches_library_bernoulli() -> None:
+    code, out, _ = run("replay", GAME24, "--cost", "0.05", "--family", "bernoulli", "--json")
+    assert code == 0
+    got = json.loads(out)
+    ev = evaluate(
+        load_logged(GAME24), beacon.BeaconConfig(cost=0.05, horizon=32, family="bernoulli")
+    )
+    assert got["horizon"] == 32  # default: min(32, samples every prompt has = 64)
+    assert got["requested_horizon"] is None
+    assert got["beacon"]["avg_samples"] == pytest.approx(ev.beacon.avg_samples)
+    assert got["beacon"]["accuracy"] == pytest.approx(ev.beacon.accuracy)
+    assert got["beacon"]["value"] == pytest.approx(ev.beacon.value)
+    assert [m["n"] for m in got["fixed"]] == list(range(1, 33))
+    assert got["fixed"][7]["mean_best_reward"] == pytest.approx(ev.fixed[7].mean_best_reward)
+    assert got["matched_fixed"]["accuracy"] == pytest.approx(ev.matched_fixed_accuracy)
+    assert got["config"]["family"] == "bernoulli"
+
+
+def test_replay_table_normal_family() -> None:
+    code, out, _ = run("replay", WRITING, "--cost", "0.1", "--horizon", "8")
+    assert code == 0
+    ev = evaluate(load_logged(WRITING), beacon.BeaconConfig(cost=0.1, horizon=8))
+    assert "BEACON c=0.1" in out and "best-of-8" in out and "best-of-9" not in out
+    assert f"{ev.beacon.avg_samples:.2f}" in out
+    assert f"{ev.fixed[3].mean_standardized_reward:.3f}" in out
+    assert "accuracy" not in out.split("\n", 3)[2]  # no labels in this log: no accuracy column
+    assert "Value E[zhat-K*c] at c=0.1" in out
+
+
+def test_replay_options_reach_the_config() -> None:
+    code, out, _ = run(
+        "replay", WRITING, "--cost", "0.2", "--batch-size", "2", "--no-robust", "--json"
+    )
+    assert code == 0
+    cfg = json.loads(out)["config"]
+    assert (cfg["batch_size"], cfg["robust"], cfg["horizon"]) == (2, False, 10)
+    ev = evaluate(
+        load_logged(WRITING), beacon.BeaconConfig(cost=0.2, horizon=10, batch_size=2, robust=False)
+    )
+    assert json.loads(out)["beacon"]["avg_samples"] == pytest.approx(ev.beacon.avg_samples)
+
+
+def test_replay_caps_horizon_and_says_so() -> None:
+    code, out, err = run("replay", GAME24, "-c", "0.1", "--family", "bernoulli", "-n", "100")
+    assert code == 0
+    assert "horizon capped at 64 (asked for 100)" in " ".join(err.split())
+    assert "best-of-64" in out and "best-of-65" not in out
+    code, out, _ = run(
+        "replay", GAME24, "-c", "0.1", "--family", "bernoulli", "-n", "100", "--json"
+    )
+    got = json.loads(out)
+    assert (got["horizon"], got["requested_horizon"]) == (64, 100)
+    assert any("capped" in n for n in got["notes"])
+
+
+def test_replay_with_transform_and_prior_files(tmp_path: Path) -> None:
+    code, out, _ = run("replay", ALPACA, "-c", "0.1", "--transform", "logit", "--json")
+    assert code == 0
+    assert json.loads(out)["config"]["transform"]["kind"] == "logit"
+    prior = tmp_path / "prior.json"
+    p = beacon.NIGPrior(mu0=0.0, nu0=1.0, alpha0=2.0, beta0=1.5)
+    prior.write_text(json.dumps({"prior": p.to_dict(), "transform": {"kind": "logit"}}))
+    code, out, _ = run("replay", ALPACA, "-c", "0.1", "--prior", prior, "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert got["config"]["prior"] == p.to_dict()
+    assert got["config"]["transform"]["kind"] == "logit"  # the transform stored with the prior
+    ev = evaluate(
+        load_logged(ALPACA),
+        beacon.BeaconConfig(cost=0.1, horizon=11, prior=p, transform="logit"),
+    )
+    assert got["beacon"]["avg_samples"] == pytest.approx(ev.beacon.avg_samples)
+    # --transform none overrides the stored transform.
+    code, out, _ = run(
+        "replay", ALPACA, "-c", "0.1", "--prior", prior, "--transform", "none", "--json"
+    )
+    assert code == 0 and json.loads(out)["config"]["transform"] is None
+    # A bare prior dict works too, and so does a Beta prior for the bernoulli family.
+    bare = tmp_path / "beta.json"
+    bare.write_text(json.dumps(beacon.BetaPrior(0.5, 4.0).to_dict()))
+    code, out, _ = run("replay", GAME24, "-c", "0.05", "--family", "bernoulli", "--prior", bare)
+    assert code == 0 and "Beta(0.5, 4) prior" in " ".join(out.split())
+
+
+# ---------------------------------------------------------------------------------------------
+# errors and exit codes
+# ---------------------------------------------------------------------------------------------
+def test_missing_file_is_usage_error(tmp_path: Path) -> None:
+    code, _, err = run("replay", tmp_path / "nope.jsonl", "--cost", "0.1")
+    assert code == 2 and "does not exist" in err
+
+
+def test_malformed_line_reports_line_number(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"rewards": [1, 2, 3, 4]}\n{"rewards": [1, 2, 3, 4]}\n{"rewards": [1, "x"]}\n')
+    code, out, err = run("replay", bad, "--cost", "0.1")
+    assert code == 1 and out == ""
+    msg = " ".join(err.split())
+    assert f"{bad}:3" in msg and "rewards[1]" in msg and "must be a number or null" in msg
+    bad.write_text('{"rewards": [1, 2, 3, 4]}\n{oops\n')
+    code, _, err = run("tune", bad)
+    assert code == 1 and f"{bad}:2" in " ".join(err.split()) and "not valid JSON" in err
+
+
+@pytest.mark.parametrize("cost", ["0", "-1", "nan", "inf"])
+def test_invalid_cost_is_usage_error(cost: str) -> None:
+    code, _, err = run("replay", WRITING, "--cost", cost)
+    assert code == 2 and "--cost" in err
+
+
+def test_bernoulli_cost_of_one_is_usage_error() -> None:
+    code, _, err = run("replay", GAME24, "--cost", "1.5", "--family", "bernoulli")
+    assert code == 2 and "--cost" in err and "must be < 1" in " ".join(err.split())
+
+
+def test_unknown_family_lists_known_ones() -> None:
+    code, _, err = run("replay", WRITING, "--cost", "0.1", "--family", "gaussian")
+    msg = " ".join(err.split())
+    assert code == 2 and "--family" in msg and "normal" in msg and "bernoulli" in msg
+
+
+def test_bernoulli_without_labels_fails_clearly() -> None:
+    code, _, err = run("replay", WRITING, "--cost", "0.1", "--family", "bernoulli")
+    assert code == 1 and "correct" in err
+
+
+def test_bad_transform_and_prior_files(tmp_path: Path) -> None:
+    code, _, err = run("replay", WRITING, "-c", "0.1", "--transform", "cube")
+    assert code == 2 and "--transform" in err
+    code, _, err = run("replay", WRITING, "-c", "0.1", "--prior", tmp_path / "none.json")
+    assert code == 2 and "does not exist" in err
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"prior": ')
+    code, _, err = run("replay", WRITING, "-c", "0.1", "--prior", broken)
+    assert code == 1 and "not valid JSON" in err
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"prior": {"family": "normal", "nu0": -1}}))
+    code, _, err = run("replay", WRITING, "-c", "0.1", "--prior", wrong)
+    assert code == 1 and "nu0" in err
+    # A Beta prior for the normal family: a usage error on --prior.
+    beta = tmp_path / "beta.json"
+    beta.write_text(json.dumps(beacon.BetaPrior().to_dict()))
+    code, _, err = run("replay", WRITING, "-c", "0.1", "--prior", beta)
+    assert code == 2 and "--prior" in err
+
+
+def test_reward_outside_transform_domain_names_the_prompt() -> None:
+    code, out, err = run("replay", WRITING, "-c", "0.1", "--transform", "logit")
+    first = json.loads(WRITING.read_text().splitlines()[0])
+    assert code == 1 and out == ""
+    assert f"prompt {first['id']!r} (record 1), sample 0" in err and "logit" in err
+
+
+def test_horizon_too_small_is_usage_error() -> None:
+    code, _, err = run("replay", WRITING, "-c", "0.1", "-n", "2")
+    assert code == 2 and "--horizon" in err
+
+
+def test_unknown_option_is_usage_error() -> None:
+    code, _, _ = run("replay", WRITING, "-c", "0.1", "--frobnicate")
+    assert code == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# tune
+# ---------------------------------------------------------------------------------------------
+def test_tune_writes_png_and_recommends(tmp_path: Path) -> None:
+    png = tmp_path / "plots" / "tune.png"
+    code, out, _ = run("tune", GAME24, "--family", "bernoulli", "--plot", png)
+    assert code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    flat = " ".join(out.split())
+    assert "Recommended: BEACON with the uniform Beta(1, 1) prior (default), c =" in flat
+    assert "<- knee" in out and str(png) in flat
+
+
+def test_tune_json_and_budgets() -> None:
+    code, out, _ = run("tune", GAME24, "--family", "bernoulli", "--target-samples", "6", "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert got["recommended"]["rule"] == "target-samples"
+    assert got["recommended"]["avg_samples"] <= 6
+    ks = [p["avg_samples"] for p in got["sweep"]]
+    assert ks == sorted(ks, reverse=True)  # increasing c, never more samples
+    code, out, _ = run("tune", WRITING, "--max-quality-loss", "0.1", "--json")
+    assert code == 0
+    got = json.loads(out)
+    best_n = got["fixed"][-1]["mean_standardized_reward"]
+    assert got["recommended"]["rule"] == "max-quality-loss"
+    assert got["recommended"]["mean_standardized_reward"] >= best_n - 0.1
+    assert got["recommended"]["avg_samples"] < 10
+
+
+def test_tune_usage_errors() -> None:
+    code, _, err = run("tune", GAME24, "--family", "bernoulli", "-k", "5", "-x", "0.1")
+    assert code == 2 and "not both" in err
+    code, _, err = run("tune", GAME24, "--family", "bernoulli", "--quality", "vibes")
+    assert code == 2 and "--quality" in err
+    code, _, err = run("tune", GAME24, "--family", "bernoulli", "-k", "0.5")
+    assert code == 2 and "--target-samples" in err
+    code, _, err = run("tune", WRITING, "--cost-min", "1", "--cost-max", "0.1")
+    assert code == 2 and "--cost-min" in err
+
+
+def test_tune_explicit_cost_range() -> None:
+    code, out, _ = run(
+        "tune", WRITING, "--cost-min", "0.05", "--cost-max", "2", "--points", "5", "--json"
+    )
+    assert code == 0
+    costs = [p["cost"] for p in json.loads(out)["sweep"]]
+    np.testing.assert_allclose(costs, np.logspace(np.log10(0.05), np.log10(2), 5))
+
+
+# ---------------------------------------------------------------------------------------------
+# --prior fit (cross-fitted priors)
+# ---------------------------------------------------------------------------------------------
+def test_replay_prior_fit_normal_matches_library() -> None:
+    code, out, _ = run(
+        "replay", WRITING, "--prior", "fit", "--cost", "0.15", "--folds", "4", "--json"
+    )
+    assert code == 0
+    got = json.loads(out)
+    data = load_logged(WRITING)
+    cf = cross_fit(data, "normal", "gaussianize", folds=4)
+    ev = evaluate(data, beacon.BeaconConfig(cost=0.15, horizon=10), cf)
+    assert got["beacon"]["avg_samples"] == pytest.approx(ev.beacon.avg_samples)
+    assert got["beacon"]["value"] == pytest.approx(ev.beacon.value)
+    assert got["crossfit"]["folds"] == 4 and got["crossfit"]["transform"] == "gaussianize"
+    assert [f["within_scale"] for f in got["crossfit"]["fits"]] == pytest.approx(cf.scales.tolist())
+    code, out, _ = run("replay", WRITING, "--prior", "fit", "--transform", "none", "-c", "0.15")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "NIG prior cross-fitted on 5 folds" in flat and "per-prompt sd units" in flat
+
+
+def test_replay_prior_fit_bernoulli_runs() -> None:
+    code, out, _ = run(
+        "replay",
+        GAME24,
+        "--family",
+        "bernoulli",
+        "--prior",
+        "fit",
+        "-c",
+        "0.02",
+        "-n",
+        "16",
+        "--json",
+    )
+    assert code == 0
+    got = json.loads(out)
+    data = load_logged(GAME24)
+    cf = cross_fit(data, "bernoulli", "none")
+    ev = evaluate(data, beacon.BeaconConfig(cost=0.02, horizon=16, family="bernoulli"), cf)
+    assert got["crossfit"]["family"] == "bernoulli"
+    assert all(f["prior"]["family"] == "bernoulli" for f in got["crossfit"]["fits"])
+    assert got["beacon"]["accuracy"] == pytest.approx(ev.beacon.accuracy)
+    assert got["beacon"]["avg_samples"] == pytest.approx(ev.beacon.avg_samples)
+
+
+def test_tune_default_is_cross_fitted_with_jeffreys_baseline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    png = tmp_path / "tune.png"
+    code, out, _ = run("tune", WRITING, "--plot", png, "--json")
+    assert code == 0 and png.stat().st_size > 10_000
+    got = json.loads(out)
+    data = load_logged(WRITING)
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=10)
+    jeff = tune(data, cfg)
+    fitted = tune(data, cfg, crossfit=cross_fit(data, "normal", "gaussianize"))
+    assert got["crossfit"]["transform"] == "gaussianize" and got["crossfit"]["folds"] == 5
+    assert got["recommended"]["cost"] == pytest.approx(fitted.choice.cost)
+    assert got["recommended"]["avg_samples"] == pytest.approx(fitted.choice.metrics.avg_samples)
+    assert got["baseline"]["variant"] == "Jeffreys prior (paper default)"
+    assert got["baseline"]["recommended"]["cost"] == pytest.approx(jeff.choice.cost)
+    # The printed deployment command runs and writes the prior for the whole log.
+    fit_cmd = [line.strip() for line in got["deploy"] if "beacon fit-prior" in line]
+    assert len(fit_cmd) == 1
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = run(*fit_cmd[0].split()[1:])
+    assert code == 0
+    written = json.loads((tmp_path / "prior.json").read_text())
+    assert written["transform"]["kind"] == "gaussianize"
+    assert written["fitted_on"]["prompts"] == data.n_prompts
+
+
+def test_tune_prior_default_is_the_single_jeffreys_sweep() -> None:
+    code, out, _ = run("tune", WRITING, "--prior", "jeffreys", "--json")
+    assert code == 0
+    got = json.loads(out)
+    jeff = tune(load_logged(WRITING), beacon.BeaconConfig(cost=0.1, horizon=10))
+    assert got["crossfit"] is None and got["baseline"] is None and got["deploy"] == []
+    assert got["recommended"]["cost"] == pytest.approx(jeff.choice.cost)
+
+
+def test_tune_text_names_variants_and_deploy_command() -> None:
+    code, out, err = run("tune", ALPACA)
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "Jeffreys" in flat and "fitted + gaussianize *" in flat
+    assert "Recommended: BEACON with the cross-fitted prior + gaussianize (5 folds), c =" in flat
+    assert f"beacon fit-prior {ALPACA} --transform gaussianize -o prior.json" in flat
+    # Probability-valued rewards: --family judge is suggested, with this log's numbers.
+    assert "--family judge" in " ".join(err.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "value"),
+    [
+        (("--prior", "fit", "--folds", "1"), "--folds", "1"),
+        (("--prior", "fit", "--folds", "101"), "--folds", "101"),
+        (("--prior", "fit", "--transform", "cube"), "--transform", "cube"),
+        (("--folds", "3"), "--folds", "3"),
+        (("--transform", "gaussianize"), "--transform", "gaussianize"),
+        (("--prior", "fit", "--family", "judgy"), "--family", "judgy"),
+    ],
+)
+def test_prior_fit_bad_values_are_usage_errors(
+    args: tuple[str, ...], option: str, value: str
+) -> None:
+    code, out, err = run("replay", WRITING, "-c", "0.1", *args)
+    flat = " ".join(err.split())
+    assert code == 2 and out == ""
+    assert option in flat and value in flat
+
+
+def test_prior_fit_transform_for_a_beta_family_is_a_usage_error() -> None:
+    code, _, err = run(
+        "tune", GAME24, "--family", "bernoulli", "--prior", "fit", "--transform", "gaussianize"
+    )
+    flat = " ".join(err.split())
+    assert code == 2 and "--transform" in flat and "gaussianize" in flat
+
+
+def test_readme_caption_quotes_the_fitted_variant() -> None:
+    """The README's caption numbers for the cross-fitted prior are what `beacon tune` computes."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    data = load_logged(WRITING)
+    res = tune(
+        data,
+        beacon.BeaconConfig(cost=0.1, horizon=10),
+        crossfit=cross_fit(data, "normal", "gaussianize"),
+    )
+    m = res.choice.metrics
+    from beacon.evaluation import interpolate_fixed
+
+    quoted = [
+        f"{m.avg_samples:.1f} samples per prompt for a mean standardized best reward of "
+        f"{m.mean_standardized_reward:.2f}",
+        f"best-of-N at the same samples reaches {interpolate_fixed(res.fixed, m.avg_samples):.2f}",
+        f"mean raw score {m.mean_best_reward:.2f} against "
+        f"{interpolate_fixed(res.fixed, m.avg_samples, 'reward'):.2f}",
+    ]
+    for q in quoted:
+        assert q in text, f"README caption out of date: expected {q!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# table
+# ---------------------------------------------------------------------------------------------
+def test_table_builds_then_loads_from_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from beacon.index.cache import clear_memory_cache
+
+    monkeypatch.setenv("BEACON_CACHE_DIR", str(tmp_path))
+    clear_memory_cache()
+    code, out, _ = run("table", "--horizon", "6")
+    assert code == 0
+    files = list(tmp_path.glob("*.npz"))
+    assert len(files) == 1 and str(files[0]) in " ".join(out.split())
+    assert "built and cached" in out and "time:" in out
+    clear_memory_cache()
+    code, out, _ = run("table", "-n", "6")
+    assert code == 0 and "loaded from the disk cache" in out
+    code, _, err = run("table", "-n", "3")
+    assert code == 2 and "--horizon" in err
+    clear_memory_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# the installed entry point, in a real subprocess
+# ---------------------------------------------------------------------------------------------
+def test_installed_entry_point_replay(tmp_path: Path) -> None:
+    env = {**os.environ, "COLUMNS": "120"}
+    proc = subprocess.run(
+        [
+            beacon_script(),
+            "replay",
+            str(GAME24),
+            "--cost",
+            "0.05",
+            "--family",
+            "bernoulli",
+            "--horizon",
+            "16",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["horizon"] == 16 and len(got["fixed"]) == 16
+    proc = subprocess.run(
+        [beacon_script(), "replay", str(tmp_path / "missing.jsonl"), "--cost", "0.1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_python_dash_m_beacon_cli() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "beacon.cli", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and "replay" in proc.stdout
+
+
+def test_cli_import_stays_light() -> None:
+    # `beacon --help` must not pay for numba, matplotlib or the framework adapters.
+    code = (
+        "import sys, beacon.cli\n"
+        "heavy = ('numba', 'matplotlib', 'celery', 'langchain_core', 'llama_index', 'aiohttp')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert proc.stdout.strip() == ""

@@ -1,0 +1,133 @@
+import json
+import math
+
+import pytest
+
+import beacon
+from beacon import BeaconConfig, BetaPrior, ConfigError, NIGPrior, UnknownFamilyError
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cost", 0),
+        ("cost", -0.1),
+        ("cost", math.nan),
+        ("cost", math.inf),
+        ("cost", "0.1"),
+        ("horizon", 2),
+        ("horizon", 3.5),
+        ("batch_size", 0),
+        ("robust_quantile", 0.5),
+        ("robust_quantile", 0.0),
+        ("max_failures", -1),
+    ],
+)
+def test_invalid_values_raise_config_error_naming_field_and_value(
+    field: str, value: object
+) -> None:
+    with pytest.raises(ConfigError) as exc:
+        BeaconConfig(**{field: value})  # type: ignore[arg-type]
+    assert exc.value.field == field
+    assert repr(value) in str(exc.value)
+    assert isinstance(exc.value, ValueError)
+
+
+def test_unknown_family_lists_registered() -> None:
+    with pytest.raises(UnknownFamilyError) as exc:
+        BeaconConfig(family="gaussian")
+    assert "normal" in str(exc.value) and "bernoulli" in str(exc.value)
+    assert "gaussian" in str(exc.value)
+
+
+def test_horizon_must_exceed_k0() -> None:
+    BeaconConfig(horizon=4)  # Jeffreys: k0 = 3
+    with pytest.raises(ConfigError, match="horizon"):
+        BeaconConfig(horizon=3)
+    BeaconConfig(horizon=2, prior=NIGPrior(mu0=0, nu0=1, alpha0=2, beta0=1))
+
+
+def test_prior_family_mismatch() -> None:
+    with pytest.raises(ConfigError, match="prior"):
+        BeaconConfig(family="normal", prior=BetaPrior())
+    with pytest.raises(ConfigError, match="prior"):
+        BeaconConfig(family="bernoulli", prior=NIGPrior())
+
+
+def test_frozen_and_json_round_trip() -> None:
+    cfg = BeaconConfig(cost=0.05, horizon=16, prior=NIGPrior(0.5, 2.0, 3.0, 1.5), transform="logit")
+    with pytest.raises(AttributeError):
+        cfg.cost = 1.0  # type: ignore[misc]
+    again = BeaconConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    assert cfg.resolved_prior.k0 == 0
+    assert again.k0 == 1  # never fewer than one sample before answering
+
+
+def test_from_dict_rejects_unknown_field() -> None:
+    with pytest.raises(ConfigError, match="colour"):
+        BeaconConfig.from_dict({"cost": 0.1, "colour": "red"})
+
+
+@pytest.mark.parametrize(
+    ("prior", "k0"),
+    [
+        (NIGPrior(), 3),
+        (NIGPrior(0, 1, 1, 1), 0),
+        (NIGPrior(0, 1, 0.25, 0), 1),
+        (NIGPrior(0, 1, 2, 0), 1),
+        (NIGPrior(0, 0, 1, 1), 1),
+        (NIGPrior(0, 0, 1, 0), 2),
+        (NIGPrior(0, 0, -0.25, 0), 2),
+        (NIGPrior(0, 2, -0.5, 1), 3),
+    ],
+)
+def test_k0_follows_the_papers_table(prior: NIGPrior, k0: int) -> None:
+    assert prior.k0 == k0
+    assert BeaconConfig(prior=prior).k0 == max(1, k0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"nu0": -1}, "prior.nu0"),
+        ({"alpha0": -1}, "prior.alpha0"),
+        ({"beta0": -0.5}, "prior.beta0"),
+        ({"mu0": math.nan}, "prior.mu0"),
+    ],
+)
+def test_invalid_nig_prior(kwargs: dict[str, float], field: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        NIGPrior(**kwargs)
+    assert exc.value.field == field
+
+
+def test_invalid_beta_prior() -> None:
+    with pytest.raises(ConfigError, match=r"prior\.a0"):
+        BetaPrior(a0=0)
+
+
+def test_bernoulli_rejects_transform_and_large_cost() -> None:
+    with pytest.raises(ConfigError, match="transform"):
+        BeaconConfig(family="bernoulli", transform="logit")
+    with pytest.raises(ConfigError, match="cost"):
+        BeaconConfig(family="bernoulli", cost=1.0)
+
+
+def test_prior_round_trip_through_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = NIGPrior(0.2, 3.0, 2.5, 0.7)
+    f = tmp_path / "prior.json"
+    f.write_text(json.dumps({"prior": p.to_dict(), "transform": None}))
+    assert beacon.load_prior(f) == p
+    with pytest.raises(ConfigError, match="not found"):
+        beacon.load_prior(tmp_path / "missing.json")
+
+
+def test_normal_family_rejects_what_its_tables_cannot_cover_at_construction() -> None:
+    with pytest.raises(ConfigError) as exc:
+        BeaconConfig(prior=NIGPrior(0.0, 1.0, 1e5, 1.0))
+    assert exc.value.field == "prior.alpha0"
+    with pytest.raises(ConfigError) as exc:
+        BeaconConfig(horizon=5000)
+    assert exc.value.field == "horizon"
+    BeaconConfig(horizon=5000, family="bernoulli")  # no table: any horizon

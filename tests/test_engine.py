@@ -1,0 +1,774 @@
+"""BeaconSampler end to end with fake models: modes, concurrency, limits, failures, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import random
+from typing import Any
+
+import pytest
+
+import beacon
+from beacon._sync import run_sync
+from beacon.budget import Budget, cost_from_price
+from beacon.engine import BatchScorer, BeaconSampler, Generation
+from beacon.events import DecisionEvent, SampleEvent
+from beacon.result import BeaconResult
+from beacon.retry import RetryPolicy, TransientError
+
+FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.002)
+
+
+def bern(**kw: Any) -> beacon.BeaconConfig:
+    kw.setdefault("cost", 0.05)
+    kw.setdefault("horizon", 12)
+    return beacon.BeaconConfig(family="bernoulli", **kw)
+
+
+class FakeModel:
+    """Async model: text 'r=<0|1> #<n>', optional latency, in-flight tracking, scripted faults."""
+
+    def __init__(self, p: float = 0.2, latency: float = 0.0, seed: int = 0,
+                 fail: Any = None) -> None:
+        self.p, self.latency, self.rng = p, latency, random.Random(seed)
+        self.fail = fail  # callable(call_no, prompt) -> exception or None
+        self.calls = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.cancelled = 0
+        self.entry_in_flight: list[int] = []
+
+    async def __call__(self, prompt: Any) -> str:
+        self.calls += 1
+        n = self.calls
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.entry_in_flight.append(self.in_flight)
+        try:
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            else:
+                await asyncio.sleep(0)
+            if self.fail is not None:
+                exc = self.fail(n, prompt)
+                if exc is not None:
+                    raise exc
+            return f"r={int(self.rng.random() < self.p)} #{n}"
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+
+
+def bin_score(prompt: Any, text: str) -> float:
+    return float(text.split()[0][2:])
+
+
+# -- basic behaviour --------------------------------------------------------------------------
+async def test_arun_bernoulli_result_consistent_with_candidates() -> None:
+    model = FakeModel(p=0.3, seed=1)
+    s = BeaconSampler(model, bin_score, bern(), retry=FAST_RETRY)
+    res = await s.arun("q")
+    assert res.stop_reason in ("absorbed", "index", "horizon")
+    assert res.n_samples == len(res.scored) == len(res.candidates) == model.calls
+    assert [c.index for c in res.candidates] == list(range(res.n_samples))
+    rewards = [c.reward for c in res.candidates]
+    assert res.best is not None and res.best.reward == max(rewards)  # type: ignore[type-var]
+    assert res.best.index == rewards.index(max(rewards))  # type: ignore[type-var]
+    if res.stop_reason == "absorbed":
+        assert rewards[-1] == 1.0 and rewards.count(1.0) == 1
+    assert res.usage.model_calls == res.usage.score_calls == res.n_samples
+    assert res.trace[-1].decision == "stop" and res.trace[-1].reason == res.stop_reason
+    assert res.usage.wall_seconds > 0
+
+
+async def test_sequential_mode_draws_one_at_a_time() -> None:
+    model = FakeModel(p=0.0, latency=0.002)
+    s = BeaconSampler(model, bin_score, bern(cost=0.01, horizon=8))
+    res = await s.arun("q")
+    assert res.stop_reason in ("horizon", "index")
+    assert model.max_in_flight == 1
+    draws = [t for t in res.trace if t.decision == "draw"]
+    assert all(t.count == 1 for t in draws)
+    assert len(draws) == res.n_samples
+
+
+async def test_batch_mode_draws_min_b_and_remaining_concurrently() -> None:
+    model = FakeModel(p=0.0, latency=0.005)
+    cfg = bern(cost=0.001, horizon=10, batch_size=4)
+    res = await BeaconSampler(model, bin_score, cfg).arun("q")
+    assert res.stop_reason == "horizon" and res.n_samples == 10
+    counts = [t.count for t in res.trace if t.decision == "draw"]
+    # first the k0 = 1 sample, then batches of min(b, n - k): 4, 4, 1
+    assert counts == [1, 4, 4, 1]
+    assert model.max_in_flight == 4
+    # decisions happen only at batch boundaries: k at each decision
+    assert [t.k for t in res.trace] == [0, 1, 5, 9, 10]
+
+
+async def test_first_k0_samples_are_drawn_concurrently() -> None:
+    # The normal family under Jeffreys' prior has k0 = 3; the first Draw(3) needs no h-table.
+    model = FakeModel(p=0.5, latency=0.01)
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=8, family="normal")
+    res = await BeaconSampler(model, lambda p, t: float(t.split("#")[1]), cfg).arun("q")
+    assert cfg.k0 == 3
+    assert res.trace[0].decision == "draw" and res.trace[0].count == 3
+    assert model.entry_in_flight[:3] == [1, 2, 3]
+
+
+async def test_prompt_is_passed_unchanged_to_generate_and_score() -> None:
+    prompt = [{"role": "user", "content": "hi"}]
+    seen: list[Any] = []
+
+    def gen(p: Any) -> str:
+        seen.append(p)
+        return "r=1 x"
+
+    def score(p: Any, t: str) -> float:
+        seen.append(p)
+        return 1.0
+
+    res = await BeaconSampler(gen, score, bern()).arun(prompt)
+    assert seen and all(p is prompt for p in seen)
+    assert res.prompt is prompt and res.to_dict()["prompt"] == prompt
+
+
+# -- concurrency and rate limiting ------------------------------------------------------------
+async def test_global_concurrency_bound_across_queries() -> None:
+    model = FakeModel(p=0.1, latency=0.003, seed=3)
+    s = BeaconSampler(model, bin_score, bern(batch_size=3), max_concurrency=5)
+    results = await s.arun_many([f"q{i}" for i in range(40)])
+    assert len(results) == 40
+    assert model.max_in_flight == 5  # reached, never exceeded
+
+
+class CountingLimiter:
+    def __init__(self) -> None:
+        self.entered = 0
+        self.inside = 0
+
+    async def __aenter__(self) -> None:
+        self.entered += 1
+        self.inside += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.inside -= 1
+
+
+async def test_rate_limiter_wraps_every_model_and_scorer_call_including_retries() -> None:
+    lim = CountingLimiter()
+    inside: list[int] = []
+
+    def fail(n: int, prompt: Any) -> Exception | None:
+        inside.append(lim.inside)
+        return ConnectionError("reset") if n % 3 == 0 else None
+
+    async def score(p: Any, t: str) -> float:
+        inside.append(lim.inside)
+        return bin_score(p, t)
+
+    model = FakeModel(p=0.2, fail=fail, seed=5)
+    s = BeaconSampler(model, score, bern(), rate_limiter=lim, retry=FAST_RETRY)
+    results = await s.arun_many([f"q{i}" for i in range(10)])
+    total_calls = sum(r.usage.calls for r in results)
+    assert sum(r.usage.retries for r in results) > 0
+    assert lim.entered == total_calls == model.calls + sum(r.usage.score_calls for r in results)
+    assert all(x >= 1 for x in inside)  # every call ran inside the limiter
+
+
+async def test_real_throttlers_accepted() -> None:
+    from aiolimiter import AsyncLimiter
+    from asyncio_throttle import Throttler
+
+    for lim in (Throttler(rate_limit=10_000, period=1.0), AsyncLimiter(10_000, 1.0)):
+        s = BeaconSampler(FakeModel(p=0.5), bin_score, bern(), rate_limiter=lim)
+        res = await s.arun("q")
+        assert res.n_samples >= 1 and res.error is None
+
+
+# -- cancellation -----------------------------------------------------------------------------
+async def test_time_budget_cancels_in_flight_samples_and_does_not_charge_them() -> None:
+    def slow_after_first(n: int, prompt: Any) -> None:
+        return None
+
+    class Model(FakeModel):
+        async def __call__(self, prompt: Any) -> str:
+            if self.calls >= 1:  # every sample after the first hangs
+                self.latency = 30.0
+            return await super().__call__(prompt)
+
+    model = Model(p=0.0)
+    cfg = bern(cost=0.001, horizon=10, batch_size=4)
+    s = BeaconSampler(model, bin_score, cfg, budget=Budget(max_seconds=0.2), timeout=None)
+    res = await s.arun("q")
+    assert res.stop_reason == "budget"
+    assert res.n_samples == 1 and len(res.candidates) == 1
+    assert res.usage.cancelled == 4 and model.cancelled == 4
+    assert model.in_flight == 0
+    assert res.trace[-1].reason == "budget"
+
+
+async def test_too_many_failures_cancels_the_rest_of_the_batch() -> None:
+    class Model(FakeModel):
+        async def __call__(self, prompt: Any) -> str:
+            if self.calls == 1:
+                self.latency = 30.0  # the first sample of the first batch hangs
+            else:
+                self.latency = 0.0
+            return await super().__call__(prompt)
+
+    def fail(n: int, prompt: Any) -> Exception | None:
+        return ValueError("bad output") if n > 1 else None
+
+    model = Model(p=0.0, fail=fail)
+    cfg = bern(cost=0.001, horizon=10, batch_size=4, max_failures=2)
+    res = await BeaconSampler(model, bin_score, cfg, timeout=None).arun("q")
+    assert res.stop_reason == "error"
+    assert res.error is not None and "ValueError: bad output" in res.error
+    assert res.n_failed == 3 and res.n_samples == 1
+    assert res.usage.cancelled == 1 and model.cancelled == 1 and model.in_flight == 0
+
+
+async def test_caller_cancellation_propagates_and_cancels_samples() -> None:
+    model = FakeModel(p=0.0, latency=30.0)
+    s = BeaconSampler(model, bin_score, bern(batch_size=3))
+    task = asyncio.ensure_future(s.arun("q"))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert model.cancelled == model.calls >= 1 and model.in_flight == 0
+
+
+# -- retries, timeouts, failures --------------------------------------------------------------
+class StatusError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+@pytest.mark.parametrize(
+    ("exc", "retried"),
+    [
+        (ConnectionError("reset"), True),
+        (TimeoutError(), True),
+        (OSError("io"), True),
+        (TransientError("try again"), True),
+        (StatusError(429), True),
+        (StatusError(503), True),
+        (StatusError(400), False),
+        (StatusError(404), False),
+        (ValueError("bad"), False),
+        (TypeError("bug"), False),
+    ],
+)
+async def test_retry_only_on_retryable_errors(exc: Exception, retried: bool) -> None:
+    model = FakeModel(p=1.0, fail=lambda n, p: exc if n == 1 else None)
+    res = await BeaconSampler(model, bin_score, bern(), retry=FAST_RETRY).arun("q")
+    c0 = res.candidates[0]
+    if retried:
+        assert not c0.failed and c0.usage.model_calls == 2 and c0.usage.retries == 1
+    else:
+        assert c0.failed and c0.usage.model_calls == 1 and c0.usage.retries == 0
+        assert c0.error is not None and c0.error.startswith(type(exc).__name__)
+        assert res.candidates[1].reward is not None  # sampling continued
+    assert c0.usage.failed_calls == 1
+
+
+def test_is_retryable_duck_types_aiohttp_errors() -> None:
+    import aiohttp
+
+    from beacon.retry import is_retryable
+
+    assert is_retryable(aiohttp.ClientConnectionError("x"))
+    assert is_retryable(aiohttp.ServerDisconnectedError())
+    info = aiohttp.RequestInfo(url=__import__("yarl").URL("http://h/"), method="POST",
+                               headers={}, real_url=__import__("yarl").URL("http://h/"))  # type: ignore[arg-type]
+    assert is_retryable(aiohttp.ClientResponseError(info, (), status=502))
+    assert not is_retryable(aiohttp.ClientResponseError(info, (), status=401))
+
+    class NotRetryable(ConnectionError):
+        retryable = False
+
+    assert not is_retryable(NotRetryable())
+
+
+def test_backoff_delays_are_exponential_capped_and_jittered() -> None:
+    p = RetryPolicy(max_attempts=6, base_delay=0.1, multiplier=2.0, max_delay=0.5, jitter=0.0)
+    assert [p.delay(i) for i in range(1, 6)] == pytest.approx([0.1, 0.2, 0.4, 0.5, 0.5])
+    pj = RetryPolicy(base_delay=1.0, multiplier=3.0, max_delay=100, jitter=0.5)
+    rng = random.Random(0)
+    ds = [pj.delay(3, rng) for _ in range(200)]
+    assert all(4.5 <= d <= 9.0 for d in ds) and max(ds) - min(ds) > 1.0
+    with pytest.raises(beacon.ConfigError, match="max_attempts"):
+        RetryPolicy(max_attempts=0)
+    with pytest.raises(beacon.ConfigError, match="jitter"):
+        RetryPolicy(jitter=2)
+
+
+async def test_engine_waits_the_policy_backoff_between_attempts() -> None:
+    waits: list[int] = []
+
+    class Recording(RetryPolicy):
+        def delay(self, retry: int, rng: random.Random | None = None) -> float:
+            waits.append(retry)
+            return 0.0
+
+    model = FakeModel(p=1.0, fail=lambda n, p: ConnectionError() if n <= 3 else None)
+    res = await BeaconSampler(model, bin_score, bern(),
+                              retry=Recording(max_attempts=4)).arun("q")
+    assert waits == [1, 2, 3]
+    assert res.candidates[0].usage.model_calls == 4 and not res.candidates[0].failed
+
+
+async def test_retry_after_is_honoured() -> None:
+    class Busy(Exception):
+        status = 429
+        retry_after = 0.15
+
+    loop = asyncio.get_running_loop()
+    times: list[float] = []
+
+    def fail(n: int, p: Any) -> Exception | None:
+        times.append(loop.time())
+        return Busy() if n == 1 else None
+
+    model = FakeModel(p=1.0, fail=fail)
+    await BeaconSampler(model, bin_score, bern(),
+                        retry=RetryPolicy(base_delay=0.0, max_delay=1.0)).arun("q")
+    assert times[1] - times[0] >= 0.14
+
+
+async def test_per_call_timeout_fails_then_retries() -> None:
+    class Model(FakeModel):
+        async def __call__(self, prompt: Any) -> str:
+            self.latency = 5.0 if self.calls < 2 else 0.0  # calls 1 and 2 are slow
+            return await super().__call__(prompt)
+
+    model = Model(p=1.0)
+    s = BeaconSampler(model, bin_score, bern(), timeout=0.05,
+                      retry=RetryPolicy(max_attempts=2, base_delay=0.0))
+    res = await s.arun("q")
+    first = res.candidates[0]
+    assert first.failed and first.error is not None and first.error.startswith("TimeoutError")
+    assert first.usage.model_calls == 2 and model.cancelled == 2
+    assert res.candidates[1].reward == 1.0 and res.stop_reason == "absorbed"
+
+
+async def test_scorer_failures_are_failed_samples_not_rewards() -> None:
+    calls = 0
+
+    def score(p: Any, t: str) -> Any:
+        nonlocal calls
+        calls += 1
+        return {1: "abc", 2: float("nan"), 3: 0.5, 4: True}.get(calls, 0.0)
+
+    cfg = bern(cost=0.01, horizon=8, max_failures=5)
+    res = await BeaconSampler(FakeModel(p=0.0), score, cfg).arun("q")
+    errs = [c.error for c in res.candidates[:3]]
+    assert all(c.failed and c.reward is None for c in res.candidates[:3])
+    assert errs[0] is not None and "RewardError" in errs[0] and "'abc'" in errs[0]
+    assert errs[1] is not None and "nan" in errs[1]
+    assert errs[2] is not None and "0.5" in errs[2]  # outside the bernoulli support
+    assert res.candidates[3].reward == 1.0 and res.stop_reason == "absorbed"
+    assert res.n_samples == 1
+
+
+async def test_max_failures_stops_with_error_and_keeps_results() -> None:
+    model = FakeModel(p=1.0, fail=lambda n, p: ValueError(f"boom {n}") if n > 1 else None)
+    cfg = bern(cost=0.001, horizon=10, max_failures=2)
+    # p=1 would absorb at once; use reward 0 for the first sample
+    res = await BeaconSampler(model, lambda p, t: 0.0, cfg).arun("q")
+    assert res.stop_reason == "error"
+    assert res.n_failed == 3 and res.n_samples == 1
+    assert res.error == "ValueError: boom 4"
+    assert res.best is not None and res.best.index == 0
+
+
+async def test_thirty_percent_failures_every_query_gets_a_result() -> None:
+    rng = random.Random(7)
+    model = FakeModel(p=0.15, seed=8,
+                      fail=lambda n, p: ConnectionError("flaky") if rng.random() < 0.3 else None)
+    cfg = bern(cost=0.02, horizon=12, max_failures=3)
+    s = BeaconSampler(model, bin_score, cfg, retry=RetryPolicy.none())
+    prompts = [f"q{i}" for i in range(200)]
+    results = await s.arun_many(prompts, max_active=32)
+    assert [r.prompt for r in results] == prompts
+    failed_calls = sum(r.usage.failed_calls for r in results)
+    assert failed_calls == sum(r.n_failed for r in results) > 0
+    assert sum(r.usage.model_calls for r in results) == model.calls
+    assert 0.2 < failed_calls / model.calls < 0.4
+    for r in results:
+        assert r.n_samples == len(r.scored)
+        if r.stop_reason == "error":
+            assert r.n_failed == cfg.max_failures + 1 and r.error is not None
+        else:
+            assert r.n_failed <= cfg.max_failures and r.best is not None
+    assert any(r.stop_reason == "error" for r in results)
+
+
+# -- budgets ----------------------------------------------------------------------------------
+async def test_token_budget_stops_with_budget() -> None:
+    def gen(p: Any) -> Generation:
+        return Generation("r=0", input_tokens=20, output_tokens=80)
+
+    s = BeaconSampler(gen, bin_score, bern(cost=0.001, horizon=20),
+                      budget=Budget(max_tokens=250))
+    res = await s.arun("q")
+    assert res.stop_reason == "budget" and res.n_samples == 3
+    assert res.usage.input_tokens == 60 and res.usage.output_tokens == 240
+
+
+async def test_money_budget_uses_reported_cost_or_token_prices() -> None:
+    def priced(p: Any) -> Generation:
+        return Generation("r=0", cost=0.3)
+
+    res = await BeaconSampler(priced, bin_score, bern(cost=0.001, horizon=20),
+                              budget=Budget(max_cost=1.0)).arun("q")
+    assert res.stop_reason == "budget" and res.n_samples == 4
+    assert res.usage.cost == pytest.approx(1.2)
+
+    def tokens(p: Any) -> Generation:
+        return Generation("r=0", input_tokens=100, output_tokens=100)
+
+    b = Budget(max_cost=0.05, price_per_input_token=1e-4, price_per_output_token=2e-4)
+    res2 = await BeaconSampler(tokens, bin_score, bern(cost=0.001, horizon=20),
+                               budget=b).arun("q")
+    assert res2.stop_reason == "budget" and res2.n_samples == 2  # 0.03 per sample
+    assert res2.candidates[0].usage.cost == pytest.approx(0.03)
+
+
+def test_budget_validation_names_field() -> None:
+    with pytest.raises(beacon.ConfigError, match="max_tokens"):
+        Budget(max_tokens=0)
+    with pytest.raises(beacon.ConfigError, match="max_seconds"):
+        Budget(max_seconds=-1.0)
+
+
+def test_cost_from_price_formula_and_units() -> None:
+    # paper example: $0.01 per sample, one reward unit worth $0.10 -> c = 0.1
+    assert cost_from_price(1e-5, 1000, 0.10) == pytest.approx(0.1)
+    assert cost_from_price(price_per_1k_tokens=0.01, tokens_per_sample=1000,
+                           value_per_reward_unit=0.1) == pytest.approx(0.1)
+    assert cost_from_price(price_per_1m_tokens=10.0, tokens_per_sample=500,
+                           value_per_reward_unit=0.05,
+                           extra_cost_per_sample=0.005) == pytest.approx((0.005 + 0.005) / 0.05)
+    with pytest.raises(beacon.ConfigError, match="price_per_token"):
+        cost_from_price(1e-5, 1000, 0.1, price_per_1k_tokens=0.01)
+    with pytest.raises(beacon.ConfigError, match="value_per_reward_unit"):
+        cost_from_price(1e-5, 1000, 0.0)
+    cfg = bern(cost=cost_from_price(2e-6, 800, 0.05))
+    assert cfg.cost == pytest.approx(2e-6 * 800 / 0.05)
+
+
+# -- protocol ---------------------------------------------------------------------------------
+async def test_batched_scorer_gets_whole_batches() -> None:
+    batches: list[list[str]] = []
+
+    async def score(prompt: Any, texts: list[str]) -> list[float]:
+        batches.append(list(texts))
+        return [0.0] * len(texts)
+
+    cfg = bern(cost=0.001, horizon=9, batch_size=4)
+    res = await BeaconSampler(FakeModel(), BatchScorer(score), cfg).arun("q")
+    assert [len(b) for b in batches] == [1, 4, 4]
+    assert res.usage.score_calls == 3 and res.n_samples == 9
+
+    class Obj:
+        batched = True
+
+        def __call__(self, prompt: Any, texts: list[str]) -> list[float]:
+            return [1.0 if t.startswith("r=1") else 0.0 for t in texts]
+
+    res2 = await BeaconSampler(FakeModel(p=0.5, seed=2), Obj(), cfg).arun("q")
+    assert res2.n_samples >= 1 and all(c.reward is not None for c in res2.candidates)
+
+
+async def test_batched_scorer_wrong_length_fails_the_batch() -> None:
+    cfg = bern(cost=0.001, horizon=5, batch_size=2, max_failures=10)
+    res = await BeaconSampler(FakeModel(), BatchScorer(lambda p, ts: [0.0]), cfg).arun("q")
+    assert res.candidates[0].reward == 0.0  # a batch of one is fine
+    assert all(c.failed and "ValueError" in (c.error or "") for c in res.candidates[1:])
+
+
+async def test_duck_typed_langchain_and_llamaindex_models() -> None:
+    class AIMessage:
+        def __init__(self, content: Any) -> None:
+            self.content = content
+            self.usage_metadata = {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
+
+    class ChatModel:
+        async def ainvoke(self, prompt: Any) -> AIMessage:
+            return AIMessage([{"type": "text", "text": "r=1"}, " tail"])
+
+    res = await BeaconSampler(ChatModel(), bin_score, bern()).arun("q")
+    c = res.candidates[0]
+    assert c.text == "r=1 tail" and isinstance(c.raw, AIMessage)
+    assert res.usage.input_tokens == 7 and res.usage.output_tokens == 3
+    d = json.loads(json.dumps(res.to_dict()))
+    assert "raw" not in d["candidates"][0] and d["candidates"][0]["text"] == "r=1 tail"
+
+    class CompletionResponse:
+        text = "r=1 done"
+
+    class LLM:
+        async def acomplete(self, prompt: str) -> CompletionResponse:
+            return CompletionResponse()
+
+    res2 = await BeaconSampler(LLM(), bin_score, bern()).arun("q")
+    assert res2.best is not None and res2.best.text == "r=1 done"
+
+    with pytest.raises(TypeError, match="generate"):
+        BeaconSampler(object(), bin_score, bern())
+
+
+async def test_unknown_model_return_type_fails_sample_with_type_error() -> None:
+    res = await BeaconSampler(lambda p: 42, bin_score, bern(max_failures=0)).arun("q")
+    assert res.stop_reason == "error" and "TypeError" in (res.error or "")
+
+
+async def test_offload_sync_runs_blocking_callables_in_threads() -> None:
+    import threading
+
+    threads: set[str] = set()
+
+    def gen(p: Any) -> str:
+        threads.add(threading.current_thread().name)
+        return "r=1"
+
+    res = await BeaconSampler(gen, bin_score, bern(), offload_sync=True).arun("q")
+    assert res.n_samples == 1 and threading.current_thread().name not in threads
+
+
+# -- observers --------------------------------------------------------------------------------
+async def test_observers_receive_sample_and_decision_events_in_order() -> None:
+    sync_events: list[Any] = []
+    async_events: list[Any] = []
+
+    async def aobs(ev: Any) -> None:
+        await asyncio.sleep(0)
+        async_events.append(ev)
+
+    s = BeaconSampler(FakeModel(p=0.3, seed=4), bin_score, bern(), observers=[sync_events.append])
+    res = await s.arun("q", observers=[aobs])
+    assert sync_events == async_events
+    decisions = [e for e in sync_events if isinstance(e, DecisionEvent)]
+    samples = [e for e in sync_events if isinstance(e, SampleEvent)]
+    # TraceRecords hold NaNs (NaN != NaN), so compare their JSON forms
+    assert [d.to_record().to_dict() for d in decisions] == [t.to_dict() for t in res.trace]
+    assert [e.index for e in samples] == [c.index for c in res.candidates]
+    assert [e.k for e in samples] == list(range(1, res.n_samples + 1))
+    assert isinstance(sync_events[0], DecisionEvent) and isinstance(sync_events[-1], DecisionEvent)
+    json.dumps([e.to_dict() for e in sync_events])
+
+
+async def test_observer_error_ends_only_that_query() -> None:
+    def obs(ev: Any) -> None:
+        if ev.query_id == 3 and isinstance(ev, SampleEvent):
+            raise RuntimeError("observer broke")
+
+    s = BeaconSampler(FakeModel(p=0.5), bin_score, bern(), observers=[obs])
+    results = await s.arun_many([f"q{i}" for i in range(6)])
+    assert results[3].stop_reason == "error" and results[3].error == "RuntimeError: observer broke"
+    assert len(results[3].candidates) == 1  # kept what it had
+    assert all(r.stop_reason != "error" for i, r in enumerate(results) if i != 3)
+
+
+# -- many queries, sync entry points ----------------------------------------------------------
+async def test_arun_many_isolation_order_and_metadata() -> None:
+    def gen(p: str) -> str:
+        if p == "bad":
+            raise ValueError("always broken")
+        return "r=1"
+
+    s = BeaconSampler(gen, bin_score, bern(max_failures=1))
+    prompts = ["a", "bad", "c"]
+    metas = [{"id": i} for i in range(3)]
+    results = await s.arun_many(prompts, metadata=metas)
+    assert [r.metadata for r in results] == metas
+    assert [r.stop_reason for r in results] == ["absorbed", "error", "absorbed"]
+    assert results[1].error == "ValueError: always broken" and results[1].best is None
+    assert results[1].preference_pair() is None
+
+    seen = [i async for i, _ in s.astream_many(prompts, max_active=1)]
+    assert sorted(seen) == [0, 1, 2]
+    with pytest.raises(beacon.ConfigError, match="metadata"):
+        await s.arun_many(prompts, metadata=[{}])
+
+
+async def test_run_inside_running_loop() -> None:
+    s = BeaconSampler(FakeModel(p=0.5), bin_score, bern())
+    res = s.run("q")  # this test body runs inside an event loop
+    assert isinstance(res, BeaconResult) and res.n_samples >= 1
+    many = s.run_many(["a", "b"])
+    assert len(many) == 2
+    res2 = await s.arun("q")  # the sampler still works on this loop afterwards
+    assert res2.n_samples >= 1
+
+
+def test_run_without_loop_and_reuse_across_loops() -> None:
+    s = BeaconSampler(FakeModel(p=0.5, latency=0.001), bin_score, bern(), max_concurrency=2)
+    assert s.run("q").n_samples >= 1
+    assert s.run("q").n_samples >= 1  # a fresh asyncio.run loop: new semaphores
+    assert len(s.run_many(["a", "b", "c"])) == 3
+
+
+async def test_run_sync_propagates_errors_and_context() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    var.set("caller")
+
+    async def read() -> str:
+        return var.get()
+
+    async def boom() -> None:
+        raise KeyError("x")
+
+    assert run_sync(read()) == "caller"
+    with pytest.raises(KeyError):
+        run_sync(boom())
+
+
+def test_sampler_argument_validation() -> None:
+    with pytest.raises(beacon.ConfigError, match="max_concurrency"):
+        BeaconSampler(FakeModel(), bin_score, bern(), max_concurrency=0)
+    with pytest.raises(beacon.ConfigError, match="timeout"):
+        BeaconSampler(FakeModel(), bin_score, bern(), timeout=-1)
+    with pytest.raises(beacon.ConfigError, match="rate_limiter"):
+        BeaconSampler(FakeModel(), bin_score, bern(), rate_limiter=object())  # type: ignore[arg-type]
+    with pytest.raises(beacon.ConfigError, match="cfg"):
+        BeaconSampler(FakeModel(), bin_score, {"cost": 0.1})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="score"):
+        BeaconSampler(FakeModel(), 3, bern())
+
+
+# -- agreement with the Stopper and the offline replay (normal family) -------------------------
+def _logged(n_prompts: int, horizon: int, seed: int = 11) -> list[list[float]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n_prompts):
+        mu, sd = rng.gauss(0, 1), rng.uniform(0.1, 2.0)
+        rows.append([rng.gauss(mu, sd) for _ in range(horizon)])
+    return rows
+
+
+def _log_model(rows: list[list[float]]) -> Any:
+    """prompt = row number; the i-th call for a prompt returns its i-th logged reward."""
+    counters: dict[int, int] = {}
+
+    async def gen(p: int) -> str:
+        i = counters.get(p, 0)
+        counters[p] = i + 1
+        await asyncio.sleep(0)
+        return repr(rows[p][i])
+
+    return gen
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+async def test_engine_decisions_equal_a_hand_driven_stopper(batch_size: int) -> None:
+    cfg = beacon.BeaconConfig(cost=0.05, horizon=16, family="normal", batch_size=batch_size)
+    rows = _logged(40, 16)
+    s = BeaconSampler(_log_model(rows), lambda p, t: float(t), cfg, max_concurrency=8)
+    results = await s.arun_many(range(len(rows)))
+    for row, res in zip(rows, results, strict=True):
+        st = beacon.Stopper(cfg)
+        used = 0
+        while isinstance(d := st.next_decision(), beacon.Draw):
+            st.observe(row[used : used + d.count])
+            used += d.count
+        assert res.n_samples == used == st.k
+        assert res.stop_reason == st.stopped.reason  # type: ignore[union-attr]
+        assert [c.reward for c in res.candidates] == row[:used]
+        assert res.best is not None and res.best.index == st.best_index
+        assert [t.to_dict() for t in res.trace] == [t.to_dict() for t in st.trace]
+
+
+async def test_engine_agrees_with_offline_replay() -> None:
+    import numpy as np
+
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=16, family="normal")
+    rows = _logged(60, 16, seed=5)
+    results = await BeaconSampler(_log_model(rows), lambda p, t: float(t), cfg).arun_many(
+        range(len(rows))
+    )
+    rep = beacon.replay(np.array(rows), cfg)
+    assert [r.n_samples for r in results] == rep.n_samples.tolist()
+    assert [r.best.index for r in results if r.best] == rep.chosen.tolist()
+    assert [r.stop_reason for r in results] == list(rep.stop_reason)
+
+
+async def test_time_budget_during_batched_scoring_cancels_the_scoring_call() -> None:
+    scored = asyncio.Event()
+    cancelled: list[bool] = []
+
+    async def slow_batch(p: Any, texts: list[str]) -> list[float]:
+        if scored.is_set():  # the second batch's scoring hangs
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+        scored.set()
+        return [0.0] * len(texts)
+
+    cfg = bern(cost=0.001, horizon=10, batch_size=3)
+    s = BeaconSampler(FakeModel(), BatchScorer(slow_batch), cfg,
+                      budget=Budget(max_seconds=0.3), timeout=None)
+    res = await s.arun("q")
+    assert res.stop_reason == "budget" and cancelled == [True]
+    assert res.n_samples == 1 and len(res.candidates) == 1
+    assert res.usage.cancelled == 3  # generated, never scored: not charged
+
+
+async def test_breaking_out_of_astream_many_cancels_the_rest() -> None:
+    model = FakeModel(p=0.0, latency=0.01)
+    s = BeaconSampler(model, bin_score, bern(cost=0.001, horizon=30), max_concurrency=4)
+    got = []
+    async for i, res in s.astream_many([f"q{i}" for i in range(6)], max_active=2):
+        got.append((i, res))
+        break
+    await asyncio.sleep(0.05)
+    assert len(got) == 1 and model.in_flight == 0
+
+
+async def test_arun_many_events_carry_query_ids() -> None:
+    seen: dict[int | None, int] = {}
+
+    def obs(ev: Any) -> None:
+        if isinstance(ev, SampleEvent):
+            seen[ev.query_id] = seen.get(ev.query_id, 0) + 1
+
+    s = BeaconSampler(FakeModel(p=0.4), bin_score, bern())
+    results = await s.arun_many(["a", "b", "c"], observers=[obs])
+    assert seen == {i: len(r.candidates) for i, r in enumerate(results)}
+    await s.arun("d", observers=[obs])
+    assert None in seen
+
+
+async def test_cancelling_arun_many_cancels_every_query() -> None:
+    model = FakeModel(p=0.0, latency=30.0)
+    s = BeaconSampler(model, bin_score, bern(), max_concurrency=8)
+    task = asyncio.ensure_future(s.arun_many([f"q{i}" for i in range(20)], max_active=5))
+    await asyncio.sleep(0.05)
+    assert model.in_flight == 5
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert model.in_flight == 0 and model.cancelled == 5
+
+
+async def test_sync_scorer_returning_awaitable_still_gets_the_timeout() -> None:
+    async def hang() -> float:
+        await asyncio.sleep(30)
+        return 1.0
+
+    def score(p: Any, t: str) -> Any:  # a sync function handing back a coroutine
+        return hang()
+
+    cfg = bern(max_failures=0)
+    s = BeaconSampler(FakeModel(p=1.0), score, cfg, timeout=0.05, retry=RetryPolicy.none())
+    res = await s.arun("q")
+    assert res.stop_reason == "error" and (res.error or "").startswith("TimeoutError")

@@ -1,0 +1,577 @@
+"""beacon.evaluation: loading logs, per-prompt standardization, best-of-N, BEACON metrics, tuning.
+
+Expected values are computed independently here (plain loops, or the Stopper driven by hand),
+never copied from the module's own output.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import beacon
+from beacon.evaluation import (
+    CROSSFIT_SEED,
+    CrossFit,
+    FoldFit,
+    LogFormatError,
+    LoggedRewards,
+    PolicyMetrics,
+    SweepPoint,
+    cap_horizon,
+    choose_cost_for_max_quality_loss,
+    choose_cost_for_target_samples,
+    cost_grid,
+    cross_fit,
+    evaluate,
+    evaluate_beacon,
+    evaluate_fixed,
+    find_knee,
+    fixed_best_of_n,
+    fold_assignment,
+    interpolate_fixed,
+    load_logged,
+    logged_from_records,
+    quality_of,
+    standardize,
+    sweep_costs,
+    tune,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "data"
+GAME24 = EXAMPLES / "tot_game24_gpt4.jsonl"
+WRITING = EXAMPLES / "tot_creative_writing_gpt4.jsonl"
+ALPACA = EXAMPLES / "alpacaeval_tulu2_bon11.jsonl"
+
+
+def write_lines(tmp_path: Path, lines: list[str], name: str = "log.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------
+def test_load_shipped_files_shapes_and_labels() -> None:
+    g = load_logged(GAME24)
+    assert (g.n_prompts, g.min_samples, g.max_samples) == (100, 64, 64)
+    assert g.has_labels
+    assert g.correct is not None
+    np.testing.assert_array_equal(g.correct, g.rewards)  # rewards are the labels in this file
+    w = load_logged(WRITING)
+    assert (w.n_prompts, w.min_samples) == (100, 10)
+    assert not w.has_labels and w.correct is None
+    first = json.loads(WRITING.read_text().splitlines()[0])
+    assert w.ids[0] == first["id"]
+    np.testing.assert_array_equal(w.rewards[0], first["rewards"])
+
+
+def test_missing_samples_are_dropped_and_rows_left_aligned(tmp_path: Path) -> None:
+    p = write_lines(
+        tmp_path,
+        [
+            '{"id": "a", "rewards": [1.0, null, 3.0, 2.0], "correct": [true, false, false, null]}',
+            "",
+            '{"id": 7, "rewards": [5, 4]}',
+        ],
+    )
+    d = load_logged(p)
+    assert d.ids == ("a", "7")
+    np.testing.assert_array_equal(d.rewards[0], [1.0, 3.0, 2.0])
+    assert np.isnan(d.rewards[1, 2]) and list(d.rewards[1, :2]) == [5.0, 4.0]
+    assert d.correct is not None
+    np.testing.assert_array_equal(d.correct[0], [1.0, 0.0, np.nan])
+    assert np.isnan(d.correct[1]).all()
+    assert list(d.counts) == [3, 2] and d.min_samples == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "reason"),
+    [
+        ("{not json", "line", "not valid JSON"),
+        ("[1, 2]", "record", "JSON object"),
+        ('{"id": "x"}', "rewards", "missing"),
+        ('{"rewards": 3}', "rewards", "JSON list"),
+        ('{"rewards": [1, "two"]}', "rewards[1]", "a number or null"),
+        ('{"rewards": [1, true]}', "rewards[1]", "a number or null"),
+        ('{"rewards": [1, Infinity]}', "rewards[1]", "finite"),
+        ('{"rewards": [null, null]}', "rewards", "no logged reward"),
+        ('{"rewards": [1, 2], "correct": [true]}', "correct", "one label per reward"),
+        ('{"rewards": [1, 2], "correct": [true, 2]}', "correct[1]", "true, false"),
+        ('{"rewards": [1], "id": [1]}', "id", "string or an integer"),
+    ],
+)
+def test_malformed_line_names_line_field_and_reason(
+    tmp_path: Path, line: str, field: str, reason: str
+) -> None:
+    good = '{"id": "ok", "rewards": [1.0, 2.0]}'
+    p = write_lines(tmp_path, [good, good, line])
+    with pytest.raises(LogFormatError) as ei:
+        load_logged(p)
+    err = ei.value
+    assert err.line == 3 and err.field == field
+    assert f"{p}:3:" in str(err) and reason in str(err)
+    assert isinstance(err, beacon.ConfigError) and isinstance(err, ValueError)
+
+
+def test_missing_and_empty_files(tmp_path: Path) -> None:
+    with pytest.raises(LogFormatError, match="no such file"):
+        load_logged(tmp_path / "nope.jsonl")
+    p = write_lines(tmp_path, ["", "  "])
+    with pytest.raises(LogFormatError, match="empty log"):
+        load_logged(p)
+
+
+def test_logged_from_records_matches_file(tmp_path: Path) -> None:
+    recs = [json.loads(x) for x in WRITING.read_text().splitlines()[:5]]
+    d = logged_from_records(recs)
+    f = load_logged(WRITING).subset(range(5))
+    np.testing.assert_array_equal(d.rewards, f.rewards)
+    assert d.ids == f.ids
+    with pytest.raises(LogFormatError, match=r"<records>:2: invalid rewards"):
+        logged_from_records([{"rewards": [1]}, {"rewards": "x"}])
+
+
+# ---------------------------------------------------------------------------------------------
+# standardization and best-of-N
+# ---------------------------------------------------------------------------------------------
+def test_standardize_is_per_row_population_zscore() -> None:
+    r = np.array([[1.0, 2.0, 6.0, np.nan], [3.0, 3.0, 3.0, 3.0], [0.1, 0.1, 0.1, np.nan]])
+    z = standardize(r)
+    row = np.array([1.0, 2.0, 6.0])
+    mean = sum(row) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in row) / 3)
+    np.testing.assert_allclose(z[0, :3], (row - mean) / sd)
+    assert np.isnan(z[0, 3])
+    # Zero spread (exactly, or up to the rounding of the mean of 0.1s): zhat = 0, never inf.
+    np.testing.assert_array_equal(z[1], 0.0)
+    np.testing.assert_array_equal(z[2, :3], 0.0)
+
+
+def test_standardization_uses_all_logged_samples_even_after_truncation() -> None:
+    d = load_logged(WRITING)
+    t = d.truncate(4)
+    np.testing.assert_allclose(t.standardized, standardize(d.rewards)[:, :4])
+    assert not np.allclose(t.standardized, standardize(t.rewards))
+
+
+def test_fixed_best_of_n_first_on_ties() -> None:
+    r = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, np.nan, 5.0, 5.0]])
+    idx, best = fixed_best_of_n(r, 4)
+    assert list(idx) == [1, 2] and list(best) == [3.0, 5.0]
+    idx1, best1 = fixed_best_of_n(r, 1)
+    assert list(idx1) == [0, 0] and list(best1) == [1.0, 2.0]
+
+
+def _manual_fixed(rewards: np.ndarray, labels: np.ndarray | None, n: int, c: float) -> dict:
+    """Independent loop implementation of the metrics for best-of-n."""
+    best, zs, acc = [], [], []
+    for i, row in enumerate(rewards):
+        vals = [x for x in row if not math.isnan(x)]
+        mean = sum(vals) / len(vals)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in vals) / len(vals))
+        j = max(range(n), key=lambda k: (row[k], -k))
+        best.append(row[j])
+        zs.append(0.0 if sd == 0 else (row[j] - mean) / sd)
+        if labels is not None:
+            acc.append(labels[i, j])
+    return {
+        "best": sum(best) / len(best),
+        "z": sum(zs) / len(zs),
+        "value": sum(z - n * c for z in zs) / len(zs),
+        "acc": None if labels is None else sum(acc) / len(acc),
+    }
+
+
+def test_evaluate_fixed_against_manual_loop() -> None:
+    d = load_logged(ALPACA)
+    c = 0.07
+    fixed = evaluate_fixed(d, 11, c)
+    assert [m.n for m in fixed] == list(range(1, 12))
+    for m in fixed:
+        ref = _manual_fixed(d.rewards, None, int(m.n or 0), c)
+        assert m.avg_samples == m.n
+        assert m.mean_best_reward == pytest.approx(ref["best"], rel=1e-12)
+        assert m.mean_standardized_reward == pytest.approx(ref["z"], rel=1e-9)
+        assert m.value == pytest.approx(ref["value"], rel=1e-9)
+        assert m.accuracy is None
+    # More samples never lower the best reward of a prompt.
+    assert all(a.mean_best_reward <= b.mean_best_reward for a, b in itertools.pairwise(fixed))
+    with pytest.raises(beacon.ConfigError, match="horizon"):
+        evaluate_fixed(d, 12, c)
+
+
+def test_evaluate_fixed_accuracy_uses_label_of_chosen_sample() -> None:
+    d = logged_from_records(
+        [
+            {"rewards": [0.2, 0.9, 0.5], "correct": [True, False, True]},
+            {"rewards": [0.7, 0.1, 0.8], "correct": [False, False, True]},
+        ]
+    )
+    fixed = evaluate_fixed(d, 3, 0.1)
+    assert [m.accuracy for m in fixed] == [0.5, 0.0, 0.5]
+
+
+# ---------------------------------------------------------------------------------------------
+# BEACON through replay, against the Stopper driven by hand
+# ---------------------------------------------------------------------------------------------
+def _stopper_run(row: np.ndarray, cfg: beacon.BeaconConfig) -> tuple[int, int]:
+    s = beacon.Stopper(cfg)
+    pos = 0
+    while isinstance(d := s.next_decision(), beacon.Draw):
+        s.observe([float(x) for x in row[pos : pos + d.count]])
+        pos += d.count
+    return s.k, s.best_index
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_evaluate_bernoulli_matches_stopper_loop(batch: int) -> None:
+    d = load_logged(GAME24)
+    cfg = beacon.BeaconConfig(cost=0.06, horizon=24, family="bernoulli", batch_size=batch)
+    ev = evaluate(d, cfg)
+    runs = [_stopper_run(row, cfg) for row in d.rewards]
+    k = np.array([r[0] for r in runs], dtype=float)
+    chosen = np.array([r[1] for r in runs])
+    rows = np.arange(d.n_prompts)
+    z = standardize(d.rewards)[rows, chosen]
+    assert ev.beacon.avg_samples == pytest.approx(k.mean())
+    assert ev.beacon.mean_best_reward == pytest.approx(d.rewards[rows, chosen].mean())
+    assert ev.beacon.accuracy == pytest.approx(d.rewards[rows, chosen].mean())
+    assert ev.beacon.value == pytest.approx(np.mean(z - k * 0.06))
+    assert sum((ev.beacon.stop_reasons or {}).values()) == d.n_prompts
+    assert ev.beacon.truncated == 0
+    # Matched-samples baseline: linear interpolation of best-of-N in N.
+    lo = math.floor(ev.beacon.avg_samples)
+    frac = ev.beacon.avg_samples - lo
+    ql, qh = ev.fixed[lo - 1].mean_best_reward, ev.fixed[lo].mean_best_reward
+    assert ev.matched_fixed_reward == pytest.approx(ql + frac * (qh - ql))
+
+
+def test_evaluate_normal_matches_stopper_loop() -> None:
+    d = load_logged(WRITING)
+    cfg = beacon.BeaconConfig(cost=0.3, horizon=10, family="normal")
+    ev = evaluate(d, cfg)
+    runs = [_stopper_run(row, cfg) for row in d.rewards]
+    k = np.array([r[0] for r in runs], dtype=float)
+    chosen = np.array([r[1] for r in runs])
+    rows = np.arange(d.n_prompts)
+    assert ev.beacon.avg_samples == pytest.approx(k.mean())
+    assert ev.beacon.mean_best_reward == pytest.approx(d.rewards[rows, chosen].mean())
+    assert 3 <= ev.beacon.avg_samples <= 10
+
+
+def test_bernoulli_needs_labels() -> None:
+    d = load_logged(WRITING)
+    with pytest.raises(LogFormatError, match="correct"):
+        evaluate(d, beacon.BeaconConfig(cost=0.1, horizon=5, family="bernoulli"))
+
+
+def test_horizon_capped_at_samples_every_prompt_has() -> None:
+    d = logged_from_records(
+        [
+            {"rewards": [0, 1, 0, 0, 1, 0], "correct": [0, 1, 0, 0, 1, 0]},
+            {"rewards": [0, 0, 0, 0], "correct": [0, 0, 0, 0]},
+        ]
+    )
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=16, family="bernoulli")
+    capped, requested = cap_horizon(d, cfg)
+    assert (capped.horizon, requested) == (4, 16)
+    ev = evaluate(d, cfg)
+    assert ev.horizon == 4 and ev.requested_horizon == 16 and len(ev.fixed) == 4
+    same, none = cap_horizon(d, cfg.replace(horizon=3))
+    assert same.horizon == 3 and none is None
+    # Too short for Jeffreys (k0 = 3 needs at least 4 samples).
+    short = logged_from_records([{"rewards": [1.0, 2.0, 3.0]}])
+    with pytest.raises(beacon.ConfigError, match="k0"):
+        cap_horizon(short, beacon.BeaconConfig(cost=0.1, horizon=8))
+
+
+# ---------------------------------------------------------------------------------------------
+# interpolation, knee, budgets, tune
+# ---------------------------------------------------------------------------------------------
+def _pm(k: float, q: float, n: int | None = None) -> PolicyMetrics:
+    return PolicyMetrics("beacon" if n is None else "best-of-N", n, 0.1, k, q, q, None, q - 0.1 * k)
+
+
+def test_interpolate_fixed() -> None:
+    fixed = [_pm(n, math.log(n) + 1, n) for n in range(1, 6)]
+    assert interpolate_fixed(fixed, 3.0) == pytest.approx(math.log(3) + 1)
+    assert interpolate_fixed(fixed, 2.5) == pytest.approx((math.log(2) + math.log(3)) / 2 + 1)
+    assert interpolate_fixed(fixed, 9.0) == pytest.approx(math.log(5) + 1)
+    with pytest.raises(beacon.ConfigError, match="correct"):
+        quality_of(fixed[0], "accuracy")
+
+
+def test_find_knee_on_a_saturating_curve() -> None:
+    # Quality rises steeply up to 4 samples and is flat after: the knee is the point at 4.
+    ks = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0]
+    qs = [0.0, 0.4, 0.7, 0.9, 0.93, 0.95, 0.97, 1.0]
+    pts = [SweepPoint(1.0 / k, _pm(k, q)) for k, q in zip(ks, qs, strict=True)]
+    assert pts[find_knee(pts)].metrics.avg_samples == 4.0
+    flat = [SweepPoint(1.0 / k, _pm(k, 0.5)) for k in ks]
+    assert find_knee(flat) == 0
+    # A convex curve never rises above its chord: the cheapest point.
+    convex = [SweepPoint(1.0 / k, _pm(k, k**2)) for k in ks]
+    assert convex[find_knee(convex)].metrics.avg_samples == 1.0
+
+
+def test_average_samples_non_increasing_in_cost() -> None:
+    d = load_logged(GAME24).truncate(32)
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=32, family="bernoulli")
+    pts = sweep_costs(d, cfg, np.logspace(-2.5, -0.4, 12))
+    ks = [p.metrics.avg_samples for p in pts]
+    assert all(a >= b for a, b in itertools.pairwise(ks))
+    assert ks[0] > ks[-1]
+
+
+def test_target_samples_is_tight() -> None:
+    d = load_logged(GAME24).truncate(32)
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=32, family="bernoulli")
+    pts = sweep_costs(d, cfg, np.logspace(-2.5, -0.4, 10))
+    target = 9.0
+    ch = choose_cost_for_target_samples(d, cfg, pts, target)
+    assert ch.rule == "target-samples" and ch.metrics.avg_samples <= target
+    below = evaluate_beacon(d, cfg.replace(cost=ch.cost / 1.01))
+    assert below.avg_samples > target
+    with pytest.raises(beacon.ConfigError, match="target_samples"):
+        choose_cost_for_target_samples(d, cfg, pts, 0.5)
+    loose = choose_cost_for_target_samples(d, cfg, pts, 1000.0)
+    assert "not binding" in loose.note
+
+
+def test_max_quality_loss() -> None:
+    d = load_logged(GAME24).truncate(32)
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=32, family="bernoulli")
+    pts = sweep_costs(d, cfg, np.logspace(-2.5, -0.4, 10))
+    ref = evaluate_fixed(d, 32, 0.1)[-1].mean_best_reward
+    ch = choose_cost_for_max_quality_loss(d, cfg, pts, ref, 0.1, "reward")
+    assert ch.metrics.mean_best_reward >= ref - 0.1
+    bigger = [p for p in pts if p.cost > ch.cost]
+    assert bigger and bigger[0].metrics.mean_best_reward < ref - 0.1
+    with pytest.raises(beacon.ConfigError, match="max_quality_loss"):
+        choose_cost_for_max_quality_loss(d, cfg, pts, ref + 1.0, 0.0, "reward")
+
+
+def test_tune_bernoulli_end_to_end() -> None:
+    d = load_logged(GAME24)
+    res = tune(d, beacon.BeaconConfig(cost=0.1, horizon=32, family="bernoulli"))
+    assert res.quality == "reward" and res.config.horizon == 32
+    assert res.choice.rule == "knee" and res.choice.cost == res.points[res.knee].cost
+    ks = [p.metrics.avg_samples for p in res.points]
+    assert max(ks) > 15 and min(ks) < 3  # the refined grid spans the policies that differ
+    out = res.to_dict()
+    json.dumps(out)
+    assert out["recommended"]["rule"] == "knee"
+    res2 = tune(d, beacon.BeaconConfig(cost=0.1, horizon=32, family="bernoulli"), target_samples=6)
+    assert res2.choice.metrics.avg_samples <= 6
+    with pytest.raises(beacon.ConfigError, match="not both"):
+        tune(
+            d,
+            beacon.BeaconConfig(family="bernoulli", horizon=8),
+            target_samples=3,
+            max_quality_loss=0.1,
+        )
+
+
+def test_subset_keeps_alignment() -> None:
+    d = load_logged(GAME24)
+    s = d.subset(np.arange(d.n_prompts) % 2 == 0)
+    assert s.n_prompts == 50 and s.ids == d.ids[::2]
+    np.testing.assert_array_equal(s.rewards, d.rewards[::2])
+    np.testing.assert_array_equal(s.standardized, d.standardized[::2])
+    assert isinstance(s, LoggedRewards)
+
+
+def test_permuted_shuffles_within_prompts_only() -> None:
+    d = logged_from_records(
+        [
+            {"rewards": [1.0, 2.0, 3.0, 4.0, 5.0], "correct": [1, 0, 0, 0, 1]},
+            {"rewards": [10.0, 20.0, None], "correct": [0, 1, 1]},
+        ]
+    )
+    p = d.permuted(3)
+    q = d.permuted(3)
+    np.testing.assert_array_equal(p.rewards, q.rewards)  # seeded
+    assert sorted(p.rewards[0]) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert sorted(p.rewards[1, :2]) == [10.0, 20.0] and np.isnan(p.rewards[1, 2:]).all()
+    assert p.correct is not None and d.correct is not None
+    # labels travel with their rewards, and so do the z-scores
+    lab = {r: c for r, c in zip(d.rewards[0], d.correct[0], strict=True)}
+    assert all(lab[r] == c for r, c in zip(p.rewards[0], p.correct[0], strict=True))
+    z = {r: v for r, v in zip(d.rewards[0], d.standardized[0], strict=True)}
+    assert all(z[r] == v for r, v in zip(p.rewards[0], p.standardized[0], strict=True))
+    big = load_logged(GAME24).permuted(0)
+    assert not np.array_equal(big.rewards, load_logged(GAME24).rewards)
+
+
+def test_direct_construction_left_aligns_and_rejects_empty_rows() -> None:
+    r = np.array([[np.nan, 2.0, np.nan, 4.0], [1.0, 3.0, np.nan, np.nan]])
+    c = np.array([[np.nan, 1.0, np.nan, 0.0], [0.0, 1.0, np.nan, np.nan]])
+    d = LoggedRewards(("a", "b"), r, c)
+    np.testing.assert_array_equal(d.rewards[0, :2], [2.0, 4.0])
+    assert d.correct is not None
+    np.testing.assert_array_equal(d.correct[0, :2], [1.0, 0.0])
+    assert list(d.counts) == [2, 2]
+    with pytest.raises(beacon.ConfigError, match="'b'"):
+        LoggedRewards(("a", "b"), np.array([[1.0, 2.0], [np.nan, np.nan]]))
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-fitted priors
+# ---------------------------------------------------------------------------------------------
+def test_fold_assignment_is_balanced_seeded_and_validated() -> None:
+    f = fold_assignment(23, 5)
+    assert sorted(np.bincount(f).tolist()) == [4, 4, 5, 5, 5]
+    np.testing.assert_array_equal(f, fold_assignment(23, 5))  # fixed seed
+    assert not np.array_equal(f, fold_assignment(23, 5, seed=CROSSFIT_SEED + 1))
+    for bad in (1, 0, 24, True):
+        with pytest.raises(beacon.ConfigError) as ei:
+            fold_assignment(23, bad)  # type: ignore[arg-type]
+        assert ei.value.field == "folds"
+
+
+def _tagged_log(n_prompts: int = 30, n: int = 8, seed: int = 0) -> LoggedRewards:
+    """Every reward identifies its prompt: prompt i's rewards lie in (100 i, 100 i + 10)."""
+    rng = np.random.default_rng(seed)
+    r = 100.0 * np.arange(n_prompts)[:, None] + rng.uniform(0.0, 10.0, (n_prompts, n))
+    return LoggedRewards(tuple(str(i) for i in range(n_prompts)), r)
+
+
+def test_cross_fit_never_shows_a_prompt_its_own_rewards() -> None:
+    data = _tagged_log()
+    seen: list[set[int]] = []
+
+    def spy(train, family, transform):  # type: ignore[no-untyped-def]
+        from beacon.fitting import fit_reward_model
+
+        seen.append({int(v // 100) for v in train[~np.isnan(train)]})
+        return fit_reward_model(train, family, transform=transform)
+
+    cf = cross_fit(data, "normal", "gaussianize", folds=4, fitter=spy)
+    assert len(seen) == cf.n_folds == 4
+    for f, prompts in enumerate(seen):
+        held_out = set(np.flatnonzero(cf.folds == f).tolist())
+        assert held_out and not (prompts & held_out)
+        assert prompts == set(range(data.n_prompts)) - held_out  # all the others, no one else
+        np.testing.assert_array_equal(cf.fits[f].train_rows, np.flatnonzero(cf.folds != f))
+
+
+def test_a_folds_prior_does_not_depend_on_its_own_prompts() -> None:
+    """Rewriting the rewards of fold 0's prompts changes every fit except fold 0's."""
+    data = _tagged_log()
+    folds = fold_assignment(data.n_prompts, 3)
+    poisoned = data.rewards.copy()
+    rows = folds == 0
+    poisoned[rows] = 5.0 * poisoned[rows] + np.arange(poisoned.shape[1])[None, :] ** 2
+    a = cross_fit(data, "normal", "none", folds=3)
+    b = cross_fit(LoggedRewards(data.ids, poisoned), "normal", "none", folds=3)
+    assert a.fits[0].prior == b.fits[0].prior
+    assert a.fits[0].within_scale == b.fits[0].within_scale
+    for f in (1, 2):
+        assert a.fits[f].prior != b.fits[f].prior
+
+
+def test_crossfit_evaluation_replays_each_fold_with_its_own_fit() -> None:
+    from beacon.fitting import fit_reward_model
+    from beacon.replay import replay
+
+    data = load_logged(WRITING)
+    cf = cross_fit(data, "normal", "gaussianize", folds=5)
+    c = 0.15
+    ev = evaluate(data, beacon.BeaconConfig(cost=c, horizon=10), cf)
+    k = np.zeros(data.n_prompts)
+    zbest = np.zeros(data.n_prompts)
+    z = standardize(data.rewards)
+    for f in range(5):
+        test = np.flatnonzero(cf.folds == f)
+        fit = fit_reward_model(data.rewards[cf.folds != f], transform="gaussianize")
+        res = replay(data.rewards[test], fit.config(cost=c * fit.within_scale, horizon=10))
+        k[test] = res.n_samples
+        zbest[test] = z[test, res.chosen]
+    assert ev.beacon.avg_samples == pytest.approx(k.mean())
+    assert ev.beacon.mean_standardized_reward == pytest.approx(zbest.mean())
+    # c is in per-prompt standardized units: the value charges it as given.
+    assert ev.beacon.cost == c
+    assert ev.beacon.value == pytest.approx(float(np.mean(zbest - c * k)))
+
+
+def test_fold_config_converts_cost_with_the_fitted_scale() -> None:
+    data = load_logged(WRITING)
+    cf = cross_fit(data, "normal", "none", folds=2)
+    cfg = cf.fold_config(1, beacon.BeaconConfig(cost=0.2, horizon=10))
+    assert cfg.cost == pytest.approx(0.2 * cf.fits[1].within_scale)
+    assert cfg.prior == cf.fits[1].prior and cfg.k0 == 1
+    p = cf.fits[1].prior
+    assert isinstance(p, beacon.NIGPrior)
+    assert cf.fits[1].within_scale == pytest.approx(math.sqrt(p.beta0 / p.alpha0))
+
+
+def test_cross_fit_bernoulli_fits_on_labels_and_tunes() -> None:
+    data = load_logged(GAME24)
+    got: list[set[float]] = []
+
+    def spy(train, family, transform):  # type: ignore[no-untyped-def]
+        from beacon.fitting import fit_reward_model
+
+        got.append(set(np.unique(train[~np.isnan(train)]).tolist()))
+        assert family == "bernoulli" and transform is None
+        return fit_reward_model(train, family)
+
+    cf = cross_fit(data, "bernoulli", "none", folds=3, fitter=spy)
+    assert all(g <= {0.0, 1.0} for g in got)
+    assert all(isinstance(f.prior, beacon.BetaPrior) and f.within_scale == 1.0 for f in cf.fits)
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=16, family="bernoulli")
+    res = tune(data, cfg, [0.01, 0.05, 0.2], crossfit=cf)
+    assert res.crossfit is cf and len(res.points) == 3
+    ks = [p.metrics.avg_samples for p in res.points]
+    assert ks == sorted(ks, reverse=True)
+
+
+def test_cross_fit_errors_name_the_field() -> None:
+    data = load_logged(WRITING)
+    with pytest.raises(beacon.ConfigError) as ei:
+        cross_fit(data, "normal", "cube")
+    assert ei.value.field == "transform" and ei.value.value == "cube"
+    with pytest.raises(beacon.ConfigError) as ei:
+        cross_fit(load_logged(GAME24), "bernoulli", "gaussianize")
+    assert ei.value.field == "transform"
+    with pytest.raises(beacon.ConfigError) as ei:
+        cross_fit(data, "normal", "none", folds=1)
+    assert ei.value.field == "folds"
+    cf = cross_fit(data, "normal", "none", folds=2)
+    with pytest.raises(beacon.ConfigError) as ei:
+        evaluate(data.subset(range(50)), beacon.BeaconConfig(cost=0.1, horizon=10), cf)
+    assert ei.value.field == "crossfit"
+    with pytest.raises(beacon.ConfigError) as ei:
+        evaluate(
+            load_logged(GAME24),
+            beacon.BeaconConfig(cost=0.1, horizon=10, family="bernoulli"),
+            cf,
+        )
+    assert ei.value.field == "family"
+
+
+def test_cost_grid_is_in_standardized_units_under_crossfit() -> None:
+    data = load_logged(WRITING)
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=10)
+    cf = CrossFit(
+        "normal",
+        "none",
+        fold_assignment(data.n_prompts, 2),
+        (
+            FoldFit(beacon.NIGPrior(0.0, 1.0, 2.0, 50.0), None, 5.0, np.arange(50)),
+            FoldFit(beacon.NIGPrior(0.0, 1.0, 2.0, 50.0), None, 5.0, np.arange(50, 100)),
+        ),
+    )
+    grid = cost_grid(data, cfg, 5, crossfit=cf)
+    np.testing.assert_allclose(grid, np.logspace(-3, 1, 5))
+    raw = cost_grid(data, cfg, 5)
+    sd = np.median(np.nanstd(data.rewards, axis=1))
+    np.testing.assert_allclose(raw, sd * np.logspace(-3, 1, 5))

@@ -1,0 +1,73 @@
+"""``beacon fit-prior``: the file it writes and its use by ``beacon replay --prior``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+import beacon
+from beacon.cli import app
+from beacon.fitting import GaussianizeTransform, load_fit
+
+runner = CliRunner()
+
+
+def _log(path: Path, rewards: np.ndarray) -> Path:
+    path.write_text("".join(
+        json.dumps({"id": str(i), "prompt": "p", "rewards": [float(v) for v in row]}) + "\n"
+        for i, row in enumerate(rewards)
+    ))
+    return path
+
+
+def test_fit_prior_writes_prior_transform_and_provenance(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    r = rng.beta(0.4, 0.6, (60, 8))
+    log = _log(tmp_path / "log.jsonl", r)
+    out = tmp_path / "prior.json"
+    res = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--transform", "gaussianize"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"prior", "transform", "fitted_on"}
+    assert doc["prior"]["family"] == "normal" and doc["transform"]["kind"] == "gaussianize"
+    assert doc["fitted_on"]["prompts"] == 60 and doc["fitted_on"]["source"] == str(log)
+    fit = load_fit(out)
+    assert isinstance(fit.transform, GaussianizeTransform)
+    assert beacon.load_prior(out) == fit.prior
+    # The same numbers as the Python API.
+    from beacon.fitting import fit_reward_model
+
+    assert fit.prior == fit_reward_model(r, transform="gaussianize").prior
+    rep = runner.invoke(app, ["replay", str(log), "--prior", str(out), "--cost", "0.1", "--json"])
+    assert rep.exit_code == 0, rep.output
+
+
+def test_fit_prior_bernoulli_and_judge(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    r = rng.beta(0.3, 0.5, (40, 6))
+    log = _log(tmp_path / "log.jsonl", r)
+    out = tmp_path / "judge.json"
+    res = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--family", "judge"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["transform"] is None and doc["fitted_on"]["family"] == "judge"
+    assert load_fit(out).family == "judge"
+
+
+def test_fit_prior_usage_errors(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    log = _log(tmp_path / "log.jsonl", rng.normal(size=(10, 4)))
+    out = tmp_path / "p.json"
+    bad = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--transform", "bogus"])
+    assert bad.exit_code == 2 and "--transform" in bad.output
+    bad2 = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--method", "bogus"])
+    assert bad2.exit_code == 2
+    missing = runner.invoke(app, ["fit-prior", str(tmp_path / "nope.jsonl"), "-o", str(out)])
+    assert missing.exit_code == 2
+    # logit of rewards outside [0, 1] is a failure naming the reward, not a traceback.
+    fail = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--transform", "logit"])
+    assert fail.exit_code == 1 and "reward" in fail.output
+    assert not out.exists()

@@ -1,0 +1,373 @@
+"""HttpRewardScorer against a real aiohttp server on 127.0.0.1 (random port)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+import beacon
+from beacon.engine import BeaconSampler
+from beacon.retry import RetryPolicy, is_retryable
+from beacon_integrations.scorers import (
+    HttpRewardScorer,
+    RewardConnectionError,
+    RewardHTTPError,
+    RewardResponseError,
+    RewardTimeoutError,
+)
+
+SECRET = "s3cret-token-value"
+
+
+class Server:
+    def __init__(self) -> None:
+        self.bodies: dict[str, list[Any]] = {}
+        self.hits: dict[str, int] = {}
+        self.peers: list[Any] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.url = ""
+
+    def record(self, name: str, body: Any) -> int:
+        self.bodies.setdefault(name, []).append(body)
+        self.hits[name] = self.hits.get(name, 0) + 1
+        return self.hits[name]
+
+
+def make_app(srv: Server) -> web.Application:
+    async def score(request: web.Request) -> web.Response:
+        body = await request.json()
+        srv.record("score", body)
+        srv.peers.append(request.transport.get_extra_info("peername") if request.transport
+                         else None)
+        return web.json_response({"data": [{"score": float(len(body["response"]))}]})
+
+    async def batch(request: web.Request) -> web.Response:
+        body = await request.json()
+        srv.record("batch", body)
+        return web.json_response({"scores": [float(len(r)) for r in body["responses"]]})
+
+    async def flaky429(request: web.Request) -> web.Response:
+        n = srv.record("flaky429", await request.json())
+        if n <= 2:
+            return web.Response(status=429, text="slow down", headers={"Retry-After": "0"})
+        return web.json_response({"score": 1.0})
+
+    async def flaky500(request: web.Request) -> web.Response:
+        n = srv.record("flaky500", await request.json())
+        if n % 2 == 1:
+            return web.Response(status=500, text="internal error")
+        return web.json_response({"score": 0.0})
+
+    async def notfound(request: web.Request) -> web.Response:
+        srv.record("notfound", None)
+        return web.Response(status=404, text="no such model")
+
+    async def slow(request: web.Request) -> web.Response:
+        srv.record("slow", None)
+        await asyncio.sleep(2.0)
+        return web.json_response({"score": 1.0})
+
+    async def malformed(request: web.Request) -> web.Response:
+        srv.record("malformed", None)
+        return web.Response(text="{'score': oops", content_type="application/json")
+
+    async def nonnumeric(request: web.Request) -> web.Response:
+        srv.record("nonnumeric", None)
+        return web.json_response({"data": [{"score": "high"}]})
+
+    async def auth(request: web.Request) -> web.Response:
+        srv.record("auth", dict(request.headers))
+        if request.headers.get("Authorization") != f"Bearer {SECRET}":
+            # A misbehaving server echoing the credential back must not leak it into errors.
+            return web.Response(status=401,
+                                text=f"bad key {request.headers.get('Authorization')}")
+        return web.json_response({"score": 2.5})
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        srv.record("chat", body)
+        return web.json_response(
+            {"choices": [{"index": 0, "message": {"role": "assistant",
+                                                  "content": "reward:-3.25"}}]}
+        )
+
+    async def vllm(request: web.Request) -> web.Response:
+        body = await request.json()
+        srv.record("vllm", body)
+        t2 = body["text_2"]
+        texts = t2 if isinstance(t2, list) else [t2]
+        data = [{"index": i, "object": "score", "score": 0.1 * len(t)} for i, t in enumerate(texts)]
+        return web.json_response({"id": "x", "object": "list", "data": data[::-1]})
+
+    async def conc(request: web.Request) -> web.Response:
+        srv.record("conc", None)
+        srv.in_flight += 1
+        srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        try:
+            await asyncio.sleep(0.03)
+        finally:
+            srv.in_flight -= 1
+        return web.json_response({"score": 1.0})
+
+    async def binary(request: web.Request) -> web.Response:
+        body = await request.json()
+        n = srv.record("binary", body)
+        if n == 3:
+            return web.Response(status=503, text="overloaded")
+        return web.json_response({"scores": [1.0 if "good" in r else 0.0
+                                             for r in body["responses"]]})
+
+    app = web.Application()
+    for path, h in [("/score", score), ("/batch", batch), ("/flaky429", flaky429),
+                    ("/flaky500", flaky500), ("/notfound", notfound), ("/slow", slow),
+                    ("/malformed", malformed), ("/nonnumeric", nonnumeric), ("/auth", auth),
+                    ("/v1/chat/completions", chat), ("/vllm/score", vllm), ("/conc", conc),
+                    ("/binary", binary)]:
+        app.router.add_post(path, h)
+    return app
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    srv = Server()
+    runner = web.AppRunner(make_app(srv))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    srv.url = f"http://127.0.0.1:{port}"
+    yield srv
+    await runner.cleanup()
+
+
+async def test_single_score_and_one_shared_session(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/score", score_path="data.0.score") as s:
+        assert [await s("p", "abc"), await s("p", "hello")] == [3.0, 5.0]
+        assert len(s._sessions) == 1
+    assert server.bodies["score"] == [{"prompt": "p", "response": "abc"},
+                                      {"prompt": "p", "response": "hello"}]
+    assert server.peers[0] == server.peers[1]  # the same keep-alive connection
+    assert len(s._sessions) == 0
+
+
+async def test_template_placeholders_keep_json_types(server: Server) -> None:
+    tmpl = {"input": {"conv": "{messages}", "note": "Q: {prompt} / A: {response}"},
+            "response": "{response}", "k": [1, "{prompt}"]}
+    prompt = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+    async with HttpRewardScorer(server.url + "/score", request_template=tmpl,
+                                score_path="data.0.score") as s:
+        assert await s(prompt, "4") == 1.0
+    body = server.bodies["score"][0]
+    assert body["input"]["conv"] == [*prompt, {"role": "assistant", "content": "4"}]
+    assert body["k"] == [1, prompt]
+    assert body["input"]["note"] == f"Q: {json.dumps(prompt)} / A: 4"
+
+
+async def test_batched_mode_one_request_per_batch(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/batch", batched=True, score_path="scores") as s:
+        assert await s("p", ["a", "bb", "ccc"]) == [1.0, 2.0, 3.0]
+        assert await s.score("p", "dddd") == 4.0
+    assert server.hits["batch"] == 2
+    assert server.bodies["batch"][0] == {"prompt": "p", "responses": ["a", "bb", "ccc"]}
+
+
+async def test_429_is_retryable_with_retry_after(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/flaky429") as s:
+        with pytest.raises(RewardHTTPError) as ei:
+            await s("p", "x")
+    e = ei.value
+    assert e.status == 429 and e.retry_after == 0.0 and is_retryable(e)
+    assert "429" in str(e) and "slow down" in str(e)
+
+
+async def test_500_retryable_404_not(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/flaky500") as s:
+        with pytest.raises(RewardHTTPError) as ei:
+            await s("p", "x")
+        assert ei.value.status == 500 and is_retryable(ei.value)
+        assert await s("p", "x") == 0.0
+    async with HttpRewardScorer(server.url + "/notfound") as s:
+        with pytest.raises(RewardHTTPError) as ei:
+            await s("p", "x")
+    assert ei.value.status == 404 and not is_retryable(ei.value)
+
+
+async def test_slow_response_times_out_retryably(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/slow", timeout=0.1) as s:
+        with pytest.raises(RewardTimeoutError) as ei:
+            await s("p", "x")
+    assert is_retryable(ei.value) and isinstance(ei.value, TimeoutError)
+
+
+async def test_malformed_json_names_body_and_value(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/malformed") as s:
+        with pytest.raises(RewardResponseError) as ei:
+            await s("p", "x")
+    e = ei.value
+    assert e.path == "<body>" and "oops" in str(e) and not is_retryable(e)
+    assert isinstance(e, beacon.RewardError)
+
+
+async def test_non_numeric_score_names_path_and_value(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/nonnumeric", score_path="data.0.score") as s:
+        with pytest.raises(RewardResponseError) as ei:
+            await s("p", "x")
+        assert ei.value.path == "data.0.score" and ei.value.value == "high"
+        assert "'high'" in str(ei.value) and "data.0.score" in str(ei.value)
+    async with HttpRewardScorer(server.url + "/nonnumeric", score_path="data.0.reward") as s:
+        with pytest.raises(RewardResponseError, match=r"data\.0\.reward.*score"):
+            await s("p", "x")
+    async with HttpRewardScorer(server.url + "/nonnumeric", score_path="data.3.score") as s:
+        with pytest.raises(RewardResponseError, match=r"data\.3"):
+            await s("p", "x")
+
+
+async def test_auth_header_from_env_never_leaks(server: Server,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BEACON_TEST_RM_KEY", SECRET)
+    s = HttpRewardScorer(server.url + "/auth?key=abc", api_key_env="BEACON_TEST_RM_KEY")
+    assert SECRET not in repr(s) and "BEACON_TEST_RM_KEY" in repr(s) and "key=abc" not in repr(s)
+    assert await s("p", "x") == 2.5
+    assert server.bodies["auth"][0]["Authorization"] == f"Bearer {SECRET}"
+    await s.aclose()
+
+    monkeypatch.setenv("BEACON_TEST_RM_KEY", "wrong-" + SECRET)
+    bad = HttpRewardScorer(server.url + "/auth", api_key_env="BEACON_TEST_RM_KEY")
+    with pytest.raises(RewardHTTPError) as ei:
+        await bad("p", "x")
+    await bad.aclose()
+    assert ei.value.status == 401 and SECRET not in str(ei.value) and "***" in str(ei.value)
+
+    monkeypatch.delenv("BEACON_TEST_RM_KEY")
+    with pytest.raises(beacon.ConfigError, match="BEACON_TEST_RM_KEY"):
+        HttpRewardScorer(server.url + "/auth", api_key_env="BEACON_TEST_RM_KEY")
+
+
+async def test_openai_compatible_preset(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BEACON_TEST_OAI", SECRET)
+    s = HttpRewardScorer.openai_compatible(server.url + "/v1", "nvidia/reward",
+                                           api_key_env="BEACON_TEST_OAI")
+    async with s:
+        assert await s("What is 2+2?", "4") == -3.25
+    assert server.bodies["chat"][0] == {
+        "model": "nvidia/reward",
+        "messages": [{"role": "user", "content": "What is 2+2?"},
+                     {"role": "assistant", "content": "4"}],
+    }
+
+
+async def test_vllm_score_preset_batched_and_single(server: Server) -> None:
+    async with HttpRewardScorer.vllm_score(server.url + "/vllm", "BAAI/bge-reranker") as s:
+        assert s.batched
+        assert await s("query", ["a", "bbb", "cc"]) == pytest.approx([0.1, 0.3, 0.2])
+    assert server.bodies["vllm"][0] == {"model": "BAAI/bge-reranker", "text_1": "query",
+                                        "text_2": ["a", "bbb", "cc"]}
+    async with HttpRewardScorer.vllm_score(server.url + "/vllm", "m", batched=False) as s1:
+        assert await s1("query", "abcd") == pytest.approx(0.4)
+    assert server.bodies["vllm"][1]["text_2"] == "abcd"
+
+
+async def test_connection_limit_is_honoured(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/conc", max_connections=2) as s:
+        out = await asyncio.gather(*(s("p", str(i)) for i in range(8)))
+    assert out == [1.0] * 8 and server.max_in_flight == 2
+
+
+async def test_connection_refused_is_retryable() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    async with HttpRewardScorer(f"http://127.0.0.1:{port}/score") as s:
+        with pytest.raises(RewardConnectionError) as ei:
+            await s("p", "x")
+    assert is_retryable(ei.value)
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(beacon.ConfigError, match="url"):
+        HttpRewardScorer("ftp://example.com/x")
+    with pytest.raises(beacon.ConfigError, match="timeout"):
+        HttpRewardScorer("http://127.0.0.1/x", timeout=0)
+    with pytest.raises(beacon.ConfigError, match="max_connections"):
+        HttpRewardScorer("http://127.0.0.1/x", max_connections=-1)
+    with pytest.raises(beacon.ConfigError, match=r"request_template.*\['responses'\].*single"):
+        HttpRewardScorer("http://127.0.0.1/x", request_template={"r": "{responses}"})
+    with pytest.raises(beacon.ConfigError, match=r"request_template.*\{responses\}"):
+        HttpRewardScorer("http://127.0.0.1/x", batched=True, request_template={"p": "{prompt}"})
+    with pytest.raises(beacon.ConfigError, match="total_timeout"):
+        HttpRewardScorer("http://127.0.0.1/x", total_timeout=0)
+
+
+async def test_sampler_end_to_end_with_retries_over_http(server: Server) -> None:
+    texts = iter(["bad 1", "bad 2", "bad 3", "good 4"] * 20)
+
+    async def gen(p: Any) -> str:
+        return next(texts)
+
+    cfg = beacon.BeaconConfig(cost=0.01, horizon=8, family="bernoulli", batch_size=2)
+    async with HttpRewardScorer(server.url + "/binary", batched=True, score_path="scores") as s:
+        sampler = BeaconSampler(gen, s, cfg,
+                                retry=RetryPolicy(max_attempts=3, base_delay=0.001))
+        res = await sampler.arun("q")
+    assert res.stop_reason == "absorbed" and res.best is not None
+    # k0 = 1, then batches of 2: [bad 1], [bad 2, bad 3], [good 4, bad 1] -> 5 charged
+    assert res.best.text == "good 4" and res.n_samples == 5
+    assert [c.reward for c in res.candidates] == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert res.usage.retries == 1 and res.usage.score_calls == 4  # 3 batches + 1 retried 503
+
+
+async def test_sampler_over_http_non_retryable_errors_fail_samples(server: Server) -> None:
+    cfg = beacon.BeaconConfig(cost=0.01, horizon=8, family="bernoulli", max_failures=1)
+    async with HttpRewardScorer(server.url + "/nonnumeric", score_path="data.0.score") as s:
+        res = await BeaconSampler(lambda p: "x", s, cfg).arun("q")
+    assert res.stop_reason == "error" and res.usage.score_calls == 2  # never retried
+    assert res.error is not None and "RewardResponseError" in res.error
+    assert "data.0.score" in res.error and "'high'" in res.error
+
+
+def test_sync_run_uses_a_session_per_loop(server_url_sync: str) -> None:
+    cfg = beacon.BeaconConfig(cost=0.01, horizon=4, family="bernoulli")
+    s = HttpRewardScorer(server_url_sync + "/binary", batched=True, score_path="scores")
+    sampler = BeaconSampler(lambda p: "good", s, cfg)
+    assert sampler.run("q").stop_reason == "absorbed"
+    assert sampler.run("q").stop_reason == "absorbed"  # a new loop: a new session
+    asyncio.run(s.aclose())
+    assert len(s._sessions) == 0
+
+
+@pytest.fixture
+def server_url_sync() -> Any:
+    """The test server on its own loop in a thread, for tests using the sync API."""
+    import threading
+
+    srv = Server()
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        state["loop"] = loop
+        runner = web.AppRunner(make_app(srv))
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        state["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    ready.wait(10)
+    yield f"http://127.0.0.1:{state['port']}"
+    state["loop"].call_soon_threadsafe(state["loop"].stop)
+    t.join(10)

@@ -1,0 +1,121 @@
+"""Where tables come from: shipped data, the disk cache (atomic, concurrent-safe), the memo."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beacon.index import cache as cache_mod
+from beacon.index import get_table
+from beacon.index.build import FORMAT_VERSION, build_table
+from beacon.index.table import HTable
+
+SHIPPED = [4, 8, 12, 16, 24, 32, 48, 64]
+
+
+@pytest.fixture()
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("BEACON_CACHE_DIR", str(tmp_path))
+    cache_mod.clear_memory_cache()
+    yield tmp_path
+    cache_mod.clear_memory_cache()
+
+
+def test_shipped_tables_load_without_building(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_build(*args: object, **kwargs: object) -> HTable:
+        raise AssertionError("a shipped table was rebuilt")
+
+    monkeypatch.setattr(cache_mod, "build_table", no_build)
+    total = 0
+    for n in SHIPPED:
+        path = cache_mod.shipped_path(n, -0.5, 0.0)
+        assert path.is_file(), path
+        total += path.stat().st_size
+        t = get_table(n)
+        assert (t.n, t.alpha0, t.nu0, t.k_min) == (n, -0.5, 0.0, 3)
+        assert get_table(n) is t  # memoised
+    assert total < 4_000_000
+    assert not list(cache_dir.iterdir())  # nothing written
+
+
+def test_npz_format_has_no_pickles_and_names_the_prior() -> None:
+    path = cache_mod.shipped_path(16, -0.5, 0.0)
+    with np.load(path, allow_pickle=False) as f:
+        assert int(f["format_version"]) == FORMAT_VERSION
+        assert (int(f["n"]), float(f["alpha0"]), float(f["nu0"])) == (16, -0.5, 0.0)
+        for key in ("z", "logh", "m2", "dof", "x_lo", "dx", "scale", "k_min"):
+            assert f[key].dtype != object
+
+
+def test_shipped_table_equals_a_fresh_build() -> None:
+    shipped = HTable.from_npz(cache_mod.shipped_path(8, -0.5, 0.0))
+    fresh = build_table(8)
+    np.testing.assert_allclose(shipped.logh, fresh.logh, rtol=0, atol=1e-12)
+
+
+def test_build_then_disk_cache_roundtrip(cache_dir: Path) -> None:
+    t = get_table(7, alpha0=0.5, nu0=1.0)
+    files = list(cache_dir.glob("*.npz"))
+    assert len(files) == 1 and "n7" in files[0].name
+    cache_mod.clear_memory_cache()
+    t2 = get_table(7, alpha0=0.5, nu0=1.0)
+    assert t2 is not t
+    assert np.array_equal(t.logh, t2.logh) and np.array_equal(t.m2, t2.m2)
+    assert t2.h(2, 0.3) == t.h(2, 0.3)
+
+
+def test_stale_or_corrupt_cache_file_is_rebuilt(cache_dir: Path) -> None:
+    name = cache_mod.table_filename(5, 1.0, 1.0)
+    (cache_dir / name).write_bytes(b"not an npz file")
+    t = get_table(5, alpha0=1.0, nu0=1.0)
+    assert t.n == 5
+    assert HTable.from_npz(cache_dir / name).n == 5
+    # a wrong format version is rejected with a typed error naming the field
+    bad = cache_dir / "bad.npz"
+    data = dict(np.load(cache_dir / name, allow_pickle=False))
+    data["format_version"] = np.int64(FORMAT_VERSION + 1)
+    np.savez(bad, **data)
+    with pytest.raises(ValueError, match="format_version"):
+        HTable.from_npz(bad)
+
+
+def _build_in_child(cache: str, n: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    os.environ["BEACON_CACHE_DIR"] = cache
+    from beacon.index import get_table as gt
+
+    t = gt(n, alpha0=0.75, nu0=0.5)
+    q.put(t.logh.tobytes())
+
+
+def test_two_processes_build_the_same_table(cache_dir: Path) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_build_in_child, args=(str(cache_dir), 9, q)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert results[0] == results[1]
+    files = [f.name for f in cache_dir.iterdir()]
+    assert files == [cache_mod.table_filename(9, 0.75, 0.5)]  # no temp files left behind
+    t = HTable.from_npz(cache_dir / files[0])
+    assert t.logh.tobytes() == results[0]
+
+
+def test_unwritable_cache_only_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("BEACON_CACHE_DIR", str(blocker / "sub"))
+    cache_mod.clear_memory_cache()
+    with pytest.warns(RuntimeWarning, match="could not write"):
+        t = get_table(5, alpha0=2.0, nu0=1.0)
+    assert t.n == 5
+    cache_mod.clear_memory_cache()

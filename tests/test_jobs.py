@@ -1,0 +1,495 @@
+"""Bulk jobs without a server: spec, keys, crash-consistent writers, DPO, the local runner, CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import beacon
+from beacon.jobs import (
+    DpoWriter,
+    FactoryNotAllowedError,
+    FactorySpec,
+    JobInputError,
+    JobProgress,
+    JobSpec,
+    KeyedJsonlWriter,
+    LineError,
+    OutputError,
+    PromptRecord,
+    arun_job,
+    dpo_record,
+    iter_prompt_file,
+    parse_allow_list,
+    prompt_key,
+    read_jsonl,
+    run_job,
+)
+from beacon.jobs.spec import parse_prompt_line
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "prompts.jsonl"
+
+
+def _spec(**cfg: Any) -> JobSpec:
+    base: dict[str, Any] = {"family": "normal", "cost": 0.05, "horizon": 16}
+    base.update(cfg)
+    return JobSpec(FactorySpec("beacon.demo:generator", {"seed": 1}),
+                   FactorySpec("beacon.demo:scorer", {"seed": 1}), beacon.BeaconConfig(**base))
+
+
+def _write_prompts(path: Path, n: int, extra: list[str] | None = None) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": i, "prompt": f"question {i}: explain topic {i % 7}"}) + "\n")
+        for line in extra or []:
+            f.write(line + "\n")
+    return path
+
+
+def _keys_once(path: Path) -> Counter[str]:
+    lines = path.read_bytes().decode().splitlines()
+    return Counter(json.loads(x)["key"] for x in lines)
+
+
+# -- spec ----------------------------------------------------------------------------------------
+def test_prompt_line_errors_name_line_field_and_value() -> None:
+    with pytest.raises(JobInputError) as e:
+        parse_prompt_line('{"id": 3}', 7, source="p.jsonl")
+    assert e.value.field == "prompt" and e.value.line == 7
+    assert "p.jsonl line 7" in str(e.value)
+    with pytest.raises(JobInputError) as e:
+        parse_prompt_line('{"id": 1, "prompt": "x", "answer": 4}', 2)
+    assert e.value.field == "answer" and e.value.value == 4
+    with pytest.raises(JobInputError) as e:
+        parse_prompt_line('{"id": true, "prompt": "x"}', 1)
+    assert e.value.field == "id"
+    with pytest.raises(JobInputError) as e:
+        parse_prompt_line('{"id": 1, "prompt": "x", "metadata": {"v": NaN}}', 1)
+    assert e.value.field == "line"
+    with pytest.raises(JobInputError) as e:
+        parse_prompt_line('{"id": 1, "prompt": "x", "generator": "not a path"}', 4)
+    assert e.value.field == "generator.factory" and e.value.line == 4
+    rec = parse_prompt_line('{"id": "a", "prompt": [{"role": "user", "content": "hi"}], '
+                            '"reference": "42", "metadata": {"k": 1}}', 9)
+    assert rec.line == 9 and rec.reference == "42" and rec.to_dict()["metadata"] == {"k": 1}
+
+
+def test_iter_prompt_file_yields_line_errors_and_skips_blank(tmp_path: Path) -> None:
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"id": 1, "prompt": "a"}\n\n{oops\n{"id": 2, "prompt": "b"}\n')
+    items = list(iter_prompt_file(p))
+    assert [type(i).__name__ for i in items] == ["PromptRecord", "LineError", "PromptRecord"]
+    bad = items[1]
+    assert isinstance(bad, LineError) and bad.line == 3 and bad.raw == "{oops"
+
+
+def test_allow_list_prefixes_are_module_boundaries() -> None:
+    allowed = parse_allow_list("mycorp.models, other.")
+    assert allowed == ("beacon.demo", "mycorp.models", "other")
+    FactorySpec("mycorp.models.llm:make").check_allowed(allowed)
+    FactorySpec("beacon.demo:generator").check_allowed(allowed)
+    for path in ("mycorp.modelsx:make", "mycorp:make", "os:system", "beacon.demonic:x"):
+        with pytest.raises(FactoryNotAllowedError) as e:
+            FactorySpec(path).check_allowed(allowed)
+        assert e.value.value == path and "allow-list" in e.value.reason
+    with pytest.raises(beacon.ConfigError) as ce:
+        parse_allow_list("good, bad module")
+    assert ce.value.field == "BEACON_ALLOWED_FACTORIES"
+
+
+def test_factory_refuses_reexported_names_and_private_attributes() -> None:
+    # run_sync is imported into beacon.jobs.local from beacon._sync: not defined there.
+    with pytest.raises(FactoryNotAllowedError) as e:
+        FactorySpec("beacon.jobs.local:run_sync").build(["beacon.jobs.local"])
+    assert "re-exported" in e.value.reason
+    with pytest.raises(JobInputError):
+        FactorySpec("beacon.demo:_Base")  # private names are not factories
+    with pytest.raises(JobInputError) as e2:
+        FactorySpec("beacon.demo:generator", {"nope": 1}).build(None)
+    assert e2.value.field == "factory.kwargs"
+    with pytest.raises(JobInputError) as e3:
+        FactorySpec("beacon.demo:nothing").build(None)
+    assert "no attribute" in e3.value.reason
+
+
+def test_job_spec_round_trips_with_fitted_prior_and_transform() -> None:
+    from beacon.fitting import fit_reward_model
+
+    rng = __import__("numpy").random.default_rng(0)
+    logged = rng.normal(rng.normal(size=(40, 1)), 0.5, size=(40, 12))
+    fit = fit_reward_model(logged, family="normal", transform="gaussianize")
+    cfg = fit.config(cost=0.02, horizon=16)
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"), cfg,
+                   {"timeout": 5.0, "max_seconds": 30})
+    back = JobSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert back == spec
+    assert back.config.prior == cfg.prior and back.config.transform == cfg.transform
+    with pytest.raises(JobInputError) as e:
+        JobSpec.from_dict({**spec.to_dict(), "sampling": {"tmeout": 1}})
+    assert e.value.field == "sampling.tmeout"
+
+
+# -- keys ----------------------------------------------------------------------------------------
+def test_prompt_key_covers_every_input_but_not_formatting() -> None:
+    rec = PromptRecord("a", "hello", line=1)
+    spec = _spec()
+    k = prompt_key(rec, spec)
+    assert k == prompt_key(PromptRecord("a", "hello", line=99), spec)
+    assert k == prompt_key(rec, JobSpec(spec.generator, spec.scorer, spec.config,
+                                        keep_candidates=True))
+    variants = [
+        prompt_key(PromptRecord("a", "hello!"), spec),
+        prompt_key(PromptRecord("b", "hello"), spec),
+        prompt_key(PromptRecord("a", "hello", reference="1"), spec),
+        prompt_key(rec, JobSpec(FactorySpec("beacon.demo:generator", {"seed": 2}), spec.scorer,
+                                spec.config)),
+        prompt_key(rec, JobSpec(spec.generator, FactorySpec("beacon.demo:verifier"),
+                                spec.config)),
+        prompt_key(rec, JobSpec(spec.generator, spec.scorer, spec.config, {"timeout": 9.0})),
+        prompt_key(rec, _spec(cost=0.06)),
+        prompt_key(rec, _spec(prior=beacon.NIGPrior(0.0, 1.0, 2.0, 1.0))),
+        prompt_key(PromptRecord("a", "hello", generator=FactorySpec("beacon.demo:generator")),
+                   spec),
+    ]
+    assert len({k, *variants}) == len(variants) + 1
+    assert len(k) == 32 and int(k, 16) >= 0
+
+
+# -- writers -------------------------------------------------------------------------------------
+def test_writer_recovers_torn_tail_and_never_duplicates(tmp_path: Path) -> None:
+    p = tmp_path / "out.jsonl"
+    with KeyedJsonlWriter(p) as w:
+        assert w.write({"key": "a", "v": 1}) and w.write({"key": "b", "v": float("nan")})
+        assert not w.write({"key": "a", "v": 2})
+    with p.open("ab") as f:
+        f.write(b'{"key": "c", "v":')  # a torn append (killed mid-write)
+    with KeyedJsonlWriter(p) as w:
+        assert w.recovered_bytes == len(b'{"key": "c", "v":')
+        assert w.keys == {"a", "b"}
+        assert w.write({"key": "c", "v": 3})
+    rows = list(read_jsonl(p))
+    assert [r["key"] for r in rows] == ["a", "b", "c"] and rows[1]["v"] is None
+
+
+def test_writer_refuses_corruption_in_the_middle_and_a_second_writer(tmp_path: Path) -> None:
+    p = tmp_path / "out.jsonl"
+    p.write_text('{"key": "a"}\ngarbage\n{"key": "b"}\n')
+    with pytest.raises(OutputError, match="line 2"):
+        KeyedJsonlWriter(p).open()
+    q = tmp_path / "q.jsonl"
+    with KeyedJsonlWriter(q), pytest.raises(OutputError, match="another process"):
+        KeyedJsonlWriter(q).open()
+
+
+def test_writer_compaction_is_atomic_and_frees_keys(tmp_path: Path) -> None:
+    p = tmp_path / "out.jsonl"
+    with KeyedJsonlWriter(p) as w:
+        for i in range(5):
+            w.write({"key": f"k{i}", "ok": i % 2 == 0})
+        dropped = w.compact(lambda r: r["ok"])
+        assert sorted(r["key"] for r in dropped) == ["k1", "k3"]
+        assert "k1" not in w and w.write({"key": "k1", "ok": True})
+    assert [r["key"] for r in read_jsonl(p)] == ["k0", "k2", "k4", "k1"]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_dpo_record_skips_equal_rewards_and_reports_margin(tmp_path: Path) -> None:
+    assert dpo_record("k", 1, "p", None) is None
+    assert dpo_record("k", 1, "p", ({"text": "a", "reward": 1.0},
+                                    {"text": "b", "reward": 1.0})) is None
+    rec = dpo_record("k", 1, "p", ({"text": "a", "reward": 2.5}, {"text": "b", "reward": -0.5}))
+    assert rec is not None and rec["margin"] == pytest.approx(3.0)
+    assert (rec["chosen"], rec["rejected"]) == ("a", "b")
+    with DpoWriter(tmp_path / "d.jsonl") as w:
+        assert w.write_pair(rec) and not w.write_pair(rec) and not w.write_pair(None)
+
+
+# -- demo ----------------------------------------------------------------------------------------
+def test_demo_is_deterministic_by_seed() -> None:
+    from beacon import demo
+
+    async def draws(seed: int) -> list[tuple[str, float]]:
+        g = demo.generator(seed=seed).bind({"id": 1})
+        s = demo.scorer(seed=seed)
+        out = []
+        for _ in range(6):
+            t = await g("p")
+            out.append((t, await s("p", t)))
+        return out
+
+    a, b, c = (asyncio.run(draws(s)) for s in (0, 0, 1))
+    assert a == b and a != c
+    assert len({t for t, _ in a}) == 6  # distinct responses
+    with pytest.raises(beacon.ConfigError) as e:
+        demo.generator(fail_rate=2.0)
+    assert e.value.field == "fail_rate"
+
+
+# -- local runner --------------------------------------------------------------------------------
+def test_local_run_writes_one_line_per_prompt_and_dpo(tmp_path: Path) -> None:
+    out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
+    seen: list[JobProgress] = []
+    s = run_job(EXAMPLES, _spec(), out, dpo=dpo, concurrency=4, progress=seen.append)
+    n = sum(1 for x in EXAMPLES.read_text().splitlines() if x.strip())
+    rows = list(read_jsonl(out))
+    assert s.progress.done == n == len(rows) and s.exit_code == 0
+    assert seen[-1].processed == n and seen[-1].total == n
+    assert all(r["ok"] and r["stop_reason"] in beacon.STOP_REASONS for r in rows)
+    assert all(3 <= r["n_samples"] <= 16 for r in rows)  # k0 = 3 under Jeffreys' prior
+    pairs = list(read_jsonl(dpo))
+    assert pairs and all(p["margin"] > 0 for p in pairs)
+    assert {p["key"] for p in pairs} <= {r["key"] for r in rows}
+    # A rerun finds everything done and runs nothing.
+    s2 = run_job(EXAMPLES, _spec(), out, dpo=dpo)
+    assert s2.progress.skipped == n and s2.progress.done == 0
+    assert list(read_jsonl(out)) == rows
+
+
+def test_local_run_with_bernoulli_verifier_keeps_candidates(tmp_path: Path) -> None:
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:verifier"),
+                   beacon.BeaconConfig(family="bernoulli", cost=0.02, horizon=12),
+                   keep_candidates=True)
+    math_only = tmp_path / "m.jsonl"
+    math_only.write_text("".join(x + "\n" for x in EXAMPLES.read_text().splitlines()
+                                 if '"reference"' in x))
+    run_job(math_only, spec, tmp_path / "o.jsonl")
+    rows = list(read_jsonl(tmp_path / "o.jsonl"))
+    assert rows and all(r["ok"] for r in rows)
+    for r in rows:
+        rewards = [c["reward"] for c in r["candidates"]]
+        assert set(rewards) <= {0.0, 1.0} and r["reward"] == max(rewards)
+        assert (r["stop_reason"] == "absorbed") == (r["reward"] == 1.0)
+
+
+def test_bad_lines_and_disallowed_override_fail_alone(tmp_path: Path) -> None:
+    prompts = _write_prompts(tmp_path / "p.jsonl", 20, [
+        "{this is not json",
+        json.dumps({"id": "x", "prompt": ""}),
+        json.dumps({"id": "evil", "prompt": "hi", "generator": "os:system"}),
+    ])
+    out = tmp_path / "out.jsonl"
+    s = run_job(prompts, _spec(), out, allowed=("beacon.demo",))
+    rows = {r["line"]: r for r in read_jsonl(out)}
+    assert s.progress.done == 20 and s.progress.failed == 3 and s.exit_code == 1
+    assert rows[21]["error"]["field"] == "line" and "not valid JSON" in rows[21]["error"]["message"]
+    assert rows[22]["error"]["field"] == "prompt"
+    assert rows[23]["error"]["type"] == "FactoryNotAllowedError"
+    assert rows[23]["error"]["value"] == "os:system" and rows[23]["id"] == "evil"
+    assert all(rows[i]["ok"] for i in range(1, 21))
+
+
+def test_interrupted_run_resumes_to_the_same_output(tmp_path: Path) -> None:
+    prompts = _write_prompts(tmp_path / "p.jsonl", 60)
+    spec = _spec()
+    ref = tmp_path / "ref.jsonl"
+    run_job(prompts, spec, ref)
+
+    out = tmp_path / "out.jsonl"
+
+    async def interrupted() -> None:
+        main = asyncio.current_task()
+        assert main is not None
+
+        def stop_after_some(p: JobProgress) -> None:
+            if p.done == 25:
+                main.cancel()
+
+        await arun_job(prompts, spec, out, concurrency=8, progress=stop_after_some)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(interrupted())
+    partial = _keys_once(out)
+    assert 25 <= len(partial) < 60 and max(partial.values()) == 1
+    s = run_job(prompts, spec, out)
+    assert s.progress.skipped == len(partial) and s.progress.done == 60 - len(partial)
+
+    def strip(r: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in r.items() if k != "usage"}
+
+    got = {r["key"]: strip(r) for r in read_jsonl(out)}
+    want = {r["key"]: strip(r) for r in read_jsonl(ref)}
+    assert got == want and max(_keys_once(out).values()) == 1
+
+
+_FLAKY_FLAG = "BEACON_TEST_FLAKY_SCORER_DOWN"
+
+
+class _FlakyScorer:
+    async def __call__(self, prompt: Any, response: str) -> float:
+        if os.environ.get(_FLAKY_FLAG) == "1":
+            raise ValueError("scorer is down")
+        return float(len(response) % 7)
+
+
+def flaky_scorer() -> _FlakyScorer:
+    """Factory used by the retry test (this module is importable as ``test_jobs``)."""
+    return _FlakyScorer()
+
+
+def test_failed_prompts_are_retried_on_rerun_without_duplicates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = _write_prompts(tmp_path / "p.jsonl", 8)
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec(f"{__name__}:flaky_scorer"),
+                   beacon.BeaconConfig(family="normal", horizon=8, max_failures=1))
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setenv(_FLAKY_FLAG, "1")
+    s1 = run_job(prompts, spec, out)
+    assert s1.progress.failed == 8
+    assert all(not r["ok"] and "scorer is down" in r["error"]["message"]
+               for r in read_jsonl(out))
+    monkeypatch.setenv(_FLAKY_FLAG, "0")
+    kept = run_job(prompts, spec, out, retry_failed=False)
+    assert kept.progress.skipped == 8 and kept.progress.done == 0
+    s2 = run_job(prompts, spec, out)
+    assert s2.progress.retried_failed == 8 and s2.progress.done == 8
+    rows = list(read_jsonl(out))
+    assert len(rows) == 8 and all(r["ok"] for r in rows)
+
+
+# -- CLI (subprocesses: real Ctrl-C and SIGKILL) ---------------------------------------------
+def _cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    return subprocess.Popen([sys.executable, "-m", "beacon.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _wait_lines(path: Path, n: int, timeout: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not reach {n} lines in {timeout} s")
+
+
+@pytest.mark.parametrize(("sig", "family"), [(signal.SIGINT, "bernoulli"),
+                                             (signal.SIGKILL, "normal")])
+def test_cli_run_killed_midway_resumes_exactly_once(tmp_path: Path, sig: int,
+                                                    family: str) -> None:
+    n = 80
+    prompts = tmp_path / "p.jsonl"
+    with prompts.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": i, "prompt": f"What is {i} + {i}?",
+                                "reference": str(2 * i)}) + "\n")
+    out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
+    scorer = "beacon.demo:verifier" if family == "bernoulli" else "beacon.demo:scorer"
+    args = ["run", str(prompts), "-g", "beacon.demo:generator", "-s", scorer,
+            "--generator-kwargs", '{"latency_ms": 15}', "--family", family, "--cost", "0.02",
+            "--horizon", "12", "-j", "4", "--out", str(out), "--dpo", str(dpo)]
+    proc = _cli(*args)
+    _wait_lines(out, 8, timeout=90)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 1, err
+        assert "rerun the same command" in err
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    first = _keys_once(out)
+    assert 8 <= len(first) < n and max(first.values()) == 1
+    done = _cli(*args, "--json")
+    stdout, err = done.communicate(timeout=120)
+    assert done.returncode == 0, err
+    summary = json.loads(stdout)
+    assert summary["skipped"] == len(first) and summary["done"] == n - len(first)
+    final = _keys_once(out)
+    assert len(final) == n and max(final.values()) == 1
+    assert max(_keys_once(dpo).values()) == 1 and set(_keys_once(dpo)) <= set(final)
+
+
+def test_cli_usage_errors_exit_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+
+    prompts = _write_prompts(tmp_path / "p.jsonl", 2)
+    out = tmp_path / "o.jsonl"
+    base = ["run", str(prompts), "--out", str(out)]
+    cases = [
+        (["-g", "beacon.demo:generator", "-s", "no_such_module_xyz:f"], "--scorer"),
+        (["-g", "nocolon", "-s", "beacon.demo:scorer"], "--generator"),
+        (["-g", "beacon.demo:generator", "-s", "beacon.demo:scorer", "--cost", "-1"], "--cost"),
+        (["-g", "beacon.demo:generator", "-s", "beacon.demo:scorer", "--generator-kwargs",
+          "[1]"], "--generator-kwargs"),
+        (["-g", "beacon.demo:generator", "-s", "beacon.demo:scorer", "--dpo", str(out)],
+         "--out"),
+    ]
+    runner = CliRunner()
+    for args, option in cases:
+        res = runner.invoke(app, base + args)
+        assert res.exit_code == 2, (args, res.output)
+        assert option in res.output, (args, res.output)
+    assert not out.exists()
+    res = runner.invoke(app, ["run", str(tmp_path / "nope.jsonl"), "-g", "beacon.demo:generator",
+                              "-s", "beacon.demo:scorer", "--out", str(out)])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_cli_run_with_fitted_prior_file_equals_python_api(tmp_path: Path) -> None:
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from beacon import demo
+    from beacon.cli import app
+    from beacon.fitting import fit_reward_model
+
+    # The same calibration data as tests/test_worker.py, so the h-table is built once.
+    sc = demo.scorer(seed=3)
+    logged = np.array([[sc.reward(f"calibration prompt {i}", f"response {j}") for j in range(12)]
+                       for i in range(40)])
+    fit = fit_reward_model(logged, family="normal", transform="gaussianize")
+    fit.save(tmp_path / "prior.json")
+    prompts = _write_prompts(tmp_path / "p.jsonl", 30)
+    res = CliRunner().invoke(app, [
+        "run", str(prompts), "-g", "beacon.demo:generator", "-s", "beacon.demo:scorer",
+        "--generator-kwargs", '{"seed": 3}', "--scorer-kwargs", '{"seed": 3}',
+        "--prior", str(tmp_path / "prior.json"), "--cost", "0.05", "--horizon", "16",
+        "--out", str(tmp_path / "cli.jsonl"), "--json"])
+    assert res.exit_code == 0, res.output
+    spec = JobSpec(FactorySpec("beacon.demo:generator", {"seed": 3}),
+                   FactorySpec("beacon.demo:scorer", {"seed": 3}),
+                   fit.config(cost=0.05, horizon=16))
+    run_job(prompts, spec, tmp_path / "api.jsonl")
+
+    def core(p: Path) -> dict[str, tuple[Any, ...]]:
+        return {r["key"]: (r["best"], r["reward"], r["n_samples"], r["stop_reason"])
+                for r in read_jsonl(p)}
+
+    # Equal keys: the CLI built the very same config (fitted prior and transform included).
+    assert core(tmp_path / "cli.jsonl") == core(tmp_path / "api.jsonl")
+    assert len(core(tmp_path / "api.jsonl")) == 30
+
+
+def test_cli_config_file_with_overrides(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(json.dumps(beacon.BeaconConfig(family="bernoulli", cost=0.02,
+                                                       horizon=10).to_dict()))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"{i}*2?", "reference": str(2 * i)})
+                               + "\n" for i in range(6)))
+    res = CliRunner().invoke(app, ["run", str(prompts), "-g", "beacon.demo:generator", "-s",
+                                   "beacon.demo:verifier", "--config", str(cfg_file),
+                                   "--horizon", "12", "--out", str(tmp_path / "cli.jsonl")])
+    assert res.exit_code == 0, res.output
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:verifier"),
+                   beacon.BeaconConfig(family="bernoulli", cost=0.02, horizon=12))
+    want = {prompt_key(r, spec) for r in iter_prompt_file(prompts)
+            if isinstance(r, PromptRecord)}
+    assert {r["key"] for r in read_jsonl(tmp_path / "cli.jsonl")} == want

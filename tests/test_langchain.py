@@ -1,0 +1,557 @@
+"""BeaconRunnable against LangChain's real classes (fake chat models, no network)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import (
+    AsyncCallbackHandler,
+    BaseCallbackHandler,
+    UsageMetadataCallbackHandler,
+)
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.load import dumpd
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.rate_limiters import BaseRateLimiter, InMemoryRateLimiter
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tools import BaseTool
+from pydantic import Field, PrivateAttr, ValidationError
+
+import beacon
+from beacon import BeaconConfig, Draw, NIGPrior, Stopper
+from beacon.result import BeaconResult
+from beacon.retry import RetryPolicy
+from beacon_integrations.langchain import BeaconChunk, BeaconRunnable, BeaconSamplingError
+
+# -- fakes ----------------------------------------------------------------------------------------
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Chat model answering from a script in call order, natively async (no executor).
+
+    Records the threads it ran on and the peak number of calls in flight; ``fail`` maps a call
+    number (0-based) to an exception raised instead of answering.
+    """
+
+    script: list[str]
+    delay: float = 0.0
+    usage: dict[str, int] | None = None
+    fail: dict[int, Exception] = Field(default_factory=dict)
+    _calls: int = PrivateAttr(default=0)
+    _inflight: int = PrivateAttr(default=0)
+    _peak: int = PrivateAttr(default=0)
+    _threads: set[int] = PrivateAttr(default_factory=set)
+    _inputs: list[list[BaseMessage]] = PrivateAttr(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def _next(self, messages: list[BaseMessage]) -> ChatResult:
+        i = self._calls
+        self._calls += 1
+        self._inputs.append(messages)
+        if i in self.fail:
+            raise self.fail[i]
+        text = self.script[i % len(self.script)]
+        msg = AIMessage(content=text, usage_metadata=dict(self.usage) if self.usage else None)
+        return ChatResult(generations=[ChatGeneration(message=msg)])
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self._threads.add(threading.get_ident())
+        return self._next(messages)
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: Any = None,
+                         run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self._threads.add(threading.get_ident())
+        self._inflight += 1
+        self._peak = max(self._peak, self._inflight)
+        try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            return self._next(messages)
+        finally:
+            self._inflight -= 1
+
+
+REWARDS = {"a": 0.10, "b": 0.35, "c": 0.20, "d": 0.90, "e": 0.15, "f": 0.30, "g": 0.05}
+
+
+def table_scorer(prompt: str, response: str) -> float:
+    return REWARDS[response]
+
+
+def expected(rewards: list[float], cfg: BeaconConfig) -> tuple[int, str]:
+    """Independent replay: samples BEACON uses on this reward stream, and its stop reason."""
+    s = Stopper(cfg)
+    it = iter(rewards)
+    while isinstance(d := s.next_decision(), Draw):
+        for _ in range(d.count):
+            s.observe(next(it))
+    assert s.stopped is not None
+    return s.k, s.stopped.reason
+
+
+CFG = BeaconConfig(cost=0.02, horizon=7, family="normal")
+SCRIPT = list("abcdefg")
+
+
+def make(script: list[str] | None = None, scorer: Any = table_scorer, **kw: Any) -> BeaconRunnable:
+    model = kw.pop("model", None) or ScriptedChatModel(script=script or SCRIPT)
+    return BeaconRunnable(model=model, scorer=scorer, config=kw.pop("config", CFG), **kw)
+
+
+def check_choice(msg: AIMessage, script: list[str], cfg: BeaconConfig) -> None:
+    rewards = [REWARDS[t] for t in script]
+    n, reason = expected(rewards, cfg)
+    used = script[:n]
+    best = max(used, key=lambda t: REWARDS[t])
+    assert msg.content == best
+    meta = msg.response_metadata["beacon"]
+    assert meta["n_samples"] == n
+    assert meta["stop_reason"] == reason
+    assert sorted(meta["rewards"]) == sorted(rewards[:n])
+    assert meta["reward"] == REWARDS[best]
+
+
+# -- invoke / ainvoke ---------------------------------------------------------------------------
+
+
+def test_invoke_returns_best_message_and_stops_like_the_stopper() -> None:
+    msg = make().invoke("question?")
+    assert isinstance(msg, AIMessage)
+    check_choice(msg, SCRIPT, CFG)
+
+
+async def test_ainvoke_is_native_async_on_the_callers_thread() -> None:
+    model = ScriptedChatModel(script=SCRIPT)
+    score_threads: set[int] = set()
+
+    async def scorer(prompt: str, response: str) -> float:
+        score_threads.add(threading.get_ident())
+        return REWARDS[response]
+
+    msg = await make(model=model, scorer=scorer).ainvoke("q")
+    check_choice(msg, SCRIPT, CFG)
+    me = threading.get_ident()
+    assert model._threads == {me}
+    assert score_threads == {me}
+
+
+async def test_invoke_works_inside_a_running_event_loop() -> None:
+    msg = make().invoke("q")  # sync call from a coroutine: no "event loop is running" error
+    check_choice(msg, SCRIPT, CFG)
+
+
+def test_input_forms_str_messages_prompt_value_and_prompt_pipe() -> None:
+    seen: list[str] = []
+
+    def scorer(prompt: str, response: str) -> float:
+        seen.append(prompt)
+        return REWARDS[response]
+
+    r = make(scorer=scorer)
+    r.invoke("plain question")
+    assert set(seen) == {"plain question"}
+    seen.clear()
+    r = make(scorer=scorer)
+    r.invoke([SystemMessage(content="be brief"), HumanMessage(content="from messages")])
+    assert set(seen) == {"from messages"}
+    seen.clear()
+    model = ScriptedChatModel(script=SCRIPT)
+    prompt = ChatPromptTemplate.from_messages([("system", "sys"), ("human", "Q: {q}")])
+    chain = prompt | make(model=model, scorer=scorer) | StrOutputParser()
+    out = chain.invoke({"q": "templated"})
+    assert set(seen) == {"Q: templated"}
+    assert model._inputs[0][0].content == "sys"  # the model got the full prompt
+    n, _ = expected([REWARDS[t] for t in SCRIPT], CFG)
+    assert out == max(SCRIPT[:n], key=lambda t: REWARDS[t])
+
+
+def test_model_may_be_a_runnable_producing_strings() -> None:
+    it = iter(SCRIPT)
+    chain = RunnableLambda(lambda _q: next(it))
+    msg = make(model=chain).invoke("q")
+    check_choice(msg, SCRIPT, CFG)
+
+
+def test_return_result_and_declared_output_schema() -> None:
+    r = make(return_result=True)
+    assert r.OutputType is BeaconResult
+    assert make().OutputType is AIMessage
+    assert "BeaconResult" in str(r.get_output_schema().model_json_schema())
+    res = r.invoke("q")
+    assert isinstance(res, BeaconResult)
+    n, reason = expected([REWARDS[t] for t in SCRIPT], CFG)
+    assert (res.n_samples, res.stop_reason) == (n, reason)
+    assert res.prompt == "q"
+    assert [t.decision for t in res.trace][-1] == "stop"
+
+
+def test_runnable_and_judge_model_scorers() -> None:
+    # A scorer chain returning a numeric string, and a judge chat model answering a number.
+    chain_scorer = RunnableLambda(lambda d: str(REWARDS[d["response"]])) | StrOutputParser()
+    check_choice(make(scorer=chain_scorer).invoke("q"), SCRIPT, CFG)
+    judge = RunnableLambda(lambda d: f"{REWARDS[d['response']]}") | GenericFakeChatModel(
+        messages=iter([])
+    ).with_fallbacks([RunnableLambda(lambda _m: AIMessage(content="0.5"))])
+    res = make(scorer=judge, return_result=True).invoke("q")
+    assert res.scored and all(c.reward == 0.5 for c in res.scored)
+
+
+def test_non_numeric_scores_fail_samples_and_raise_a_typed_error() -> None:
+    r = make(scorer=lambda p, t: "not a number", config=CFG.replace(max_failures=2))
+    with pytest.raises(BeaconSamplingError) as ei:
+        r.invoke("q")
+    assert ei.value.result.stop_reason == "error"
+    assert "RewardError" in (ei.value.result.error or "")
+    assert isinstance(ei.value, beacon.BeaconError)
+
+
+# -- batch ---------------------------------------------------------------------------------------
+
+
+async def test_abatch_honours_max_concurrency_across_the_batch() -> None:
+    model = ScriptedChatModel(script=SCRIPT, delay=0.01)
+    r = make(model=model)
+    outs = await r.abatch(["q1", "q2", "q3", "q4"], {"max_concurrency": 2})
+    assert len(outs) == 4 and all(isinstance(o, AIMessage) for o in outs)
+    assert model._peak == 2  # concurrent, never above the limit
+    model3 = ScriptedChatModel(script=SCRIPT, delay=0.01)
+    await make(model=model3).abatch(["q1", "q2", "q3", "q4"], {"max_concurrency": 3})
+    assert model3._peak == 3
+
+
+def test_batch_sync_and_one_failing_input_does_not_lose_the_others() -> None:
+    class Picky(ScriptedChatModel):
+        def _next(self, messages: list[BaseMessage]) -> ChatResult:
+            if messages[-1].content == "bad":
+                raise ValueError("refused")
+            return super()._next(messages)
+
+    r = make(model=Picky(script=SCRIPT))
+    outs = r.batch(["ok1", "bad", "ok2"], return_exceptions=True)
+    assert isinstance(outs[0], AIMessage) and isinstance(outs[2], AIMessage)
+    assert isinstance(outs[1], BeaconSamplingError)
+    assert outs[1].result.stop_reason == "error"
+    with pytest.raises(BeaconSamplingError):
+        make(model=Picky(script=SCRIPT)).batch(["ok", "bad"])
+
+
+# -- streaming -----------------------------------------------------------------------------------
+
+
+async def test_astream_yields_each_scored_candidate_then_the_choice() -> None:
+    chunks = [c async for c in make().astream("q")]
+    assert all(isinstance(c, BeaconChunk) for c in chunks)
+    *cands, final = chunks
+    assert [c.kind for c in cands] == ["candidate"] * len(cands)
+    assert final.kind == "final"
+    n, reason = expected([REWARDS[t] for t in SCRIPT], CFG)
+    assert len(cands) == n == final.n_samples
+    assert [c.k for c in cands] == list(range(1, n + 1))
+    assert all(c.reward == REWARDS[c.text] for c in cands)
+    assert final.stop_reason == reason
+    assert isinstance(final.output, AIMessage)
+    check_choice(final.output, SCRIPT, CFG)
+    assert final.text == final.output.content
+
+
+async def test_sync_stream_inside_a_running_loop_and_early_close() -> None:
+    chunks = list(make().stream("q"))
+    assert chunks[-1].kind == "final"
+    check_choice(chunks[-1].output, SCRIPT, CFG)
+    gen = make(model=ScriptedChatModel(script=SCRIPT, delay=0.02)).stream("q")
+    first = next(gen)
+    assert first.kind == "candidate"
+    gen.close()  # cancels the sampling thread instead of hanging
+
+
+async def test_astream_events_v2_shows_custom_events_and_child_runs() -> None:
+    r = make()
+    events = [e async for e in r.astream_events("q", version="v2")]
+
+    def named(kind: str, name: str) -> list[Any]:
+        return [e for e in events if e["event"] == kind and e["name"] == name]
+
+    root_id = named("on_chain_start", "BeaconRunnable")[0]["run_id"]
+    samples = named("on_custom_event", "beacon_sample")
+    decisions = named("on_custom_event", "beacon_decision")
+    n, reason = expected([REWARDS[t] for t in SCRIPT], CFG)
+    assert len(samples) == n
+    for s in samples:
+        assert {"k", "reward", "index", "text"} <= set(s["data"])
+        assert s["data"]["reward"] == REWARDS[s["data"]["text"]]
+        assert s["run_id"] == root_id
+    for d in decisions:
+        assert {"k", "zhat", "h", "threshold", "decision"} <= set(d["data"])
+    assert decisions[-1]["data"]["decision"] == "stop"
+    assert decisions[-1]["data"]["reason"] == reason
+    # After k0 = 3 rewards every draw decision compares h with c / sigma and h exceeded it.
+    mid = [d["data"] for d in decisions if d["data"]["decision"] == "draw" and d["data"]["k"] >= 3]
+    assert mid and all(d["h"] > d["threshold"] for d in mid)
+    if reason == "index":
+        last = decisions[-1]["data"]
+        assert last["h"] <= last["threshold"]
+    model_runs = [e for e in events if e["event"] == "on_chat_model_start"]
+    scorer_runs = named("on_chain_start", "table_scorer")
+    assert len(model_runs) == n and len(scorer_runs) == n
+    assert all(root_id in e["parent_ids"] for e in model_runs + scorer_runs)
+
+
+def test_callbacks_tags_and_metadata_propagate_to_child_runs() -> None:
+    class Recorder(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.chain_starts: list[tuple[str, Any, Any]] = []
+            self.model_starts: list[tuple[Any, list[str], dict[str, Any]]] = []
+            self.custom: list[str] = []
+
+        def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: Any,
+                           parent_run_id: Any = None, **kw: Any) -> None:
+            self.chain_starts.append((kw.get("name"), run_id, parent_run_id))
+
+        def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: Any,
+                                parent_run_id: Any = None, tags: Any = None,
+                                metadata: Any = None, **kw: Any) -> None:
+            self.model_starts.append((parent_run_id, tags or [], metadata or {}))
+
+        def on_custom_event(self, name: str, data: Any, **kw: Any) -> None:
+            self.custom.append(name)
+
+    rec = Recorder()
+    make().invoke("q", {"callbacks": [rec], "tags": ["exp-1"], "metadata": {"user": "u1"}})
+    root = next(rid for name, rid, _ in rec.chain_starts if name == "BeaconRunnable")
+    assert rec.model_starts
+    for parent, tags, metadata in rec.model_starts:
+        assert parent == root
+        assert "exp-1" in tags
+        assert metadata.get("user") == "u1"
+    assert "beacon_sample" in rec.custom and "beacon_decision" in rec.custom
+
+
+async def test_usage_metadata_callback_sees_every_sample() -> None:
+    usage = {"input_tokens": 11, "output_tokens": 4, "total_tokens": 15}
+    model = GenericFakeChatModel(
+        messages=iter([
+            AIMessage(
+                content=t, usage_metadata=dict(usage), response_metadata={"model_name": "fake-1"}
+            )
+            for t in SCRIPT
+        ])
+    )
+    cb = UsageMetadataCallbackHandler()
+    res = await make(model=model, return_result=True).ainvoke("q", {"callbacks": [cb]})
+    calls = res.usage.model_calls
+    assert calls == len(res.candidates) > 0
+    totals = cb.usage_metadata["fake-1"]
+    assert totals["input_tokens"] == 11 * calls
+    assert totals["output_tokens"] == 4 * calls
+    assert res.usage.input_tokens == 11 * calls and res.usage.output_tokens == 4 * calls
+
+
+# -- retries and rate limits ---------------------------------------------------------------------
+
+
+def test_rate_limiter_is_acquired_before_every_model_call() -> None:
+    class Counting(BaseRateLimiter):
+        def __init__(self) -> None:
+            self.n = 0
+
+        def acquire(self, *, blocking: bool = True) -> bool:
+            self.n += 1
+            return True
+
+        async def aacquire(self, *, blocking: bool = True) -> bool:
+            self.n += 1
+            return True
+
+    lim = Counting()
+    res = make(rate_limiter=lim, return_result=True).invoke("q")
+    assert lim.n == res.usage.model_calls > 0
+    fast = InMemoryRateLimiter(requests_per_second=500, check_every_n_seconds=0.001,
+                               max_bucket_size=10)
+    check_choice(make(rate_limiter=fast).invoke("q"), SCRIPT, CFG)
+
+
+def test_model_with_retry_handles_its_own_failures_without_engine_retries() -> None:
+    model = ScriptedChatModel(script=SCRIPT, fail={0: ValueError("flaky"), 2: ValueError("x")})
+    retrying = model.with_retry(stop_after_attempt=3, wait_exponential_jitter=False,
+                                retry_if_exception_type=(ValueError,))
+    r = make(model=retrying, return_result=True)
+    assert r._retry_policy().max_attempts == 1  # no multiplied retries
+    res = r.invoke("q")
+    assert res.n_failed == 0 and res.usage.retries == 0
+    assert model._calls == res.n_samples + 2
+
+
+def test_engine_retries_retryable_model_errors() -> None:
+    model = ScriptedChatModel(script=SCRIPT, fail={1: TimeoutError("slow")})
+    r = make(model=model, return_result=True, retry=RetryPolicy(base_delay=0.0, jitter=0.0))
+    res = r.invoke("q")
+    assert res.usage.retries == 1 and res.n_failed == 0
+
+
+def test_beacon_runnable_with_retry_retries_a_query_that_got_no_answer() -> None:
+    # The first query fails all max_failures + 1 samples; with_retry runs it again.
+    cfg = CFG.replace(max_failures=1)
+    fails: dict[int, Exception] = {i: ValueError("down") for i in range(4)}
+    model = ScriptedChatModel(script=SCRIPT, fail=fails)
+    r = make(model=model, config=cfg).with_retry(
+        stop_after_attempt=2, wait_exponential_jitter=False,
+        retry_if_exception_type=(BeaconSamplingError,),
+    )
+    msg = r.invoke("q")
+    assert isinstance(msg, AIMessage) and msg.response_metadata["beacon"]["n_samples"] >= 3
+
+
+# -- agent tool ----------------------------------------------------------------------------------
+
+
+class ToolCallingFake(GenericFakeChatModel):
+    """GenericFakeChatModel that accepts bind_tools (it replays scripted tool calls)."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+
+def _best_answer() -> str:
+    n, _ = expected([REWARDS[t] for t in SCRIPT], CFG)
+    return max(SCRIPT[:n], key=lambda t: REWARDS[t])
+
+
+async def test_as_beacon_tool_returns_a_base_tool_with_the_best_answer() -> None:
+    tool = make().as_beacon_tool("best_of_n", "Answer a question with BEACON best-of-N.")
+    assert isinstance(tool, BaseTool)
+    assert tool.name == "best_of_n" and "question" in tool.args
+    assert tool.invoke({"question": "q"}) == _best_answer()
+    msg = await make().as_beacon_tool("best_of_n", "desc").ainvoke(
+        {"type": "tool_call", "id": "call-1", "name": "best_of_n", "args": {"question": "q"}}
+    )
+    assert msg.content == _best_answer()
+    assert msg.artifact["stop_reason"] in beacon.STOP_REASONS
+    assert msg.artifact["best_text"] == _best_answer()
+    with pytest.raises(ValueError, match="name"):
+        make().as_beacon_tool("", "desc")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_agent_loop_calls_the_tool_and_gets_the_best_answer(mode: str) -> None:
+    from langchain.agents import create_agent
+
+    tool = make().as_beacon_tool("best_of_n", "Answer a hard question with BEACON best-of-N.")
+    agent_model = ToolCallingFake(messages=iter([
+        AIMessage(content="", tool_calls=[
+            {"name": "best_of_n", "args": {"question": "hard q"}, "id": "call-1"}
+        ]),
+        AIMessage(content="Here is the answer."),
+    ]))
+    agent = create_agent(agent_model, [tool])
+    inp = {"messages": [HumanMessage(content="please answer")]}
+    out = agent.invoke(inp) if mode == "sync" else await agent.ainvoke(inp)
+    tool_msgs = [m for m in out["messages"] if m.type == "tool"]
+    assert len(tool_msgs) == 1
+    assert tool_msgs[0].content == _best_answer()
+    assert tool_msgs[0].artifact["n_samples"] == expected([REWARDS[t] for t in SCRIPT], CFG)[0]
+    assert out["messages"][-1].content == "Here is the answer."
+
+
+# -- configs: priors, transforms, families, serialization ----------------------------------------
+
+
+def test_prior_and_transform_flow_through() -> None:
+    prior = NIGPrior(mu0=0.0, nu0=1.0, alpha0=2.0, beta0=0.5)
+    cfg = BeaconConfig(cost=0.05, horizon=7, family="normal", prior=prior, transform="logit")
+    assert cfg.k0 < 3  # an informative prior decides earlier than Jeffreys
+    res = make(config=cfg, return_result=True).invoke("q")
+    n, reason = expected([REWARDS[t] for t in SCRIPT], cfg)
+    assert (res.n_samples, res.stop_reason) == (n, reason)
+    assert res.config is not None
+    assert res.config["prior"] == prior.to_dict()
+    assert res.config["transform"]["kind"] == "logit"
+    # The decisions were taken on logit-transformed rewards: mu after k rewards is in logit units.
+    dec = [t for t in res.trace if t.k >= 1]
+    assert dec and any(t.mu < 0 for t in dec)  # logit of rewards < 0.5 is negative
+
+
+def test_bernoulli_family_stops_at_the_first_success() -> None:
+    cfg = BeaconConfig(cost=0.05, horizon=8, family="bernoulli")
+    r = make(script=["a", "b", "d", "a"], scorer=lambda p, t: float(t == "d"), config=cfg,
+             return_result=True)
+    res = r.invoke("q")
+    assert res.stop_reason == "absorbed"
+    assert res.best is not None and res.best.text == "d"
+    assert res.n_samples == 3
+
+
+def test_config_serializes_as_its_dict_and_validates() -> None:
+    cfg = BeaconConfig(cost=0.05, horizon=9, family="normal", transform="logit",
+                       prior=NIGPrior(mu0=0.1, nu0=1.0, alpha0=2.0, beta0=0.5))
+    r = make(config=cfg)
+    d = dumpd(r)
+    assert d["id"][-1] == "BeaconRunnable"
+    assert d["kwargs"]["config"] == cfg.to_dict()
+    again = make(config=d["kwargs"]["config"])
+    assert again.config == cfg
+    with pytest.raises(ValidationError, match="cost"):
+        make(config={"cost": -1.0})
+    with pytest.raises(ValidationError, match="scorer"):
+        BeaconRunnable(model=ScriptedChatModel(script=SCRIPT), scorer=42, config=CFG)
+    with pytest.raises(ValidationError, match="max_concurrency"):
+        make(max_concurrency=0)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        make().invoke("q", stop=["x"])
+
+
+def test_batched_callable_scorer_keeps_its_batching() -> None:
+    calls: list[int] = []
+
+    def many(prompt: str, texts: list[str]) -> list[float]:
+        calls.append(len(texts))
+        return [REWARDS[t] for t in texts]
+
+    many.batched = True  # type: ignore[attr-defined]
+    cfg = CFG.replace(batch_size=2)
+    res = make(scorer=many, config=cfg, return_result=True).invoke("q")
+    assert calls[0] == cfg.k0  # the first k0 samples scored in one call
+    assert sum(calls) == res.n_samples
+
+
+class AsyncRecorder(AsyncCallbackHandler):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    async def on_custom_event(self, name: str, data: Any, **kw: Any) -> None:
+        self.names.append(name)
+
+
+async def test_async_callback_handlers_receive_custom_events() -> None:
+    h = AsyncRecorder()
+    res = await make(return_result=True).ainvoke("q", {"callbacks": [h]})
+    assert h.names.count("beacon_sample") == len(res.candidates)
+    assert h.names.count("beacon_decision") == len(res.trace)
+
+
+def test_tool_reports_a_query_with_no_scored_sample_to_the_agent() -> None:
+    r = make(scorer=lambda p, t: float("inf"), config=CFG.replace(max_failures=0))
+    out = r.as_beacon_tool("best_of_n", "desc").invoke({"question": "q"})
+    assert isinstance(out, str) and "no scored candidate" in out
+
+
+def test_reward_coercion_of_scorer_outputs() -> None:
+    from beacon_integrations._adapt import to_reward
+
+    assert to_reward(0.25) == 0.25
+    assert to_reward(" 0.5\n") == 0.5
+    assert to_reward(AIMessage(content="7")) == 7.0
+    assert to_reward({"score": 3}) == 3.0 and to_reward({"reward": -1.5}) == -1.5
+    for bad in (True, "high", float("nan"), None, [1.0]):
+        with pytest.raises(beacon.RewardError):
+            to_reward(bad, 4)

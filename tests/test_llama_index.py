@@ -1,0 +1,325 @@
+"""BeaconQueryEngine / BeaconQueryTransform against LlamaIndex's real classes (mock models)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.response.schema import Response
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.evaluation import BaseEvaluator, EvaluationResult
+from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.query_engine import TransformQueryEngine
+from llama_index.core.schema import QueryBundle
+from pydantic import Field, PrivateAttr
+
+from beacon import BeaconConfig, Draw, NIGPrior, Stopper
+from beacon_integrations.llama_index import (
+    BeaconDecisionEvent,
+    BeaconQueryEngine,
+    BeaconQueryTransform,
+    BeaconSampleEvent,
+    BeaconSamplingError,
+)
+
+# -- fakes ----------------------------------------------------------------------------------------
+
+
+class ScriptedLLM(CustomLLM):
+    """Completion LLM answering from a script in call order; records the prompts it got."""
+
+    script: list[str] = Field(default_factory=list)
+    _i: int = PrivateAttr(default=0)
+    _prompts: list[str] = PrivateAttr(default_factory=list)
+    _threads: set[int] = PrivateAttr(default_factory=set)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="scripted")
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self._threads.add(threading.get_ident())
+        self._prompts.append(prompt)
+        text = self.script[self._i % len(self.script)]
+        self._i += 1
+        return CompletionResponse(text=text)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> Iterator[CompletionResponse]:
+        yield self.complete(prompt, formatted=formatted)
+
+
+class Collector(BaseEventHandler):
+    """Instrumentation handler collecting every event."""
+
+    events: list[BaseEvent] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Collector"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    root = get_dispatcher()
+    c = Collector()
+    root.add_event_handler(c)
+    try:
+        yield c
+    finally:
+        root.event_handlers.remove(c)
+
+
+REWARDS = {"a": 0.10, "b": 0.35, "c": 0.20, "d": 0.90, "e": 0.15, "f": 0.30, "g": 0.05}
+SCRIPT = list("abcdefg")
+CFG = BeaconConfig(cost=0.02, horizon=7, family="normal")
+
+
+def table_scorer(query: str, response: str) -> float:
+    return REWARDS[response.strip()[-1]]
+
+
+def expected(rewards: list[float], cfg: BeaconConfig) -> tuple[int, str]:
+    """Independent replay: samples BEACON uses on this reward stream, and its stop reason."""
+    s = Stopper(cfg)
+    it = iter(rewards)
+    while isinstance(d := s.next_decision(), Draw):
+        for _ in range(d.count):
+            s.observe(next(it))
+    assert s.stopped is not None
+    return s.k, s.stopped.reason
+
+
+def best_of(script: list[str], cfg: BeaconConfig) -> tuple[str, int, str]:
+    n, reason = expected([REWARDS[t] for t in script], cfg)
+    return max(script[:n], key=lambda t: REWARDS[t]), n, reason
+
+
+DOCS = [
+    Document(text="Paris is the capital of France.", doc_id="fr"),
+    Document(text="Berlin is the capital of Germany.", doc_id="de"),
+    Document(text="Madrid is the capital of Spain.", doc_id="es"),
+]
+
+
+def make_index() -> VectorStoreIndex:
+    return VectorStoreIndex.from_documents(DOCS, embed_model=MockEmbedding(embed_dim=8))
+
+
+# -- BeaconQueryEngine over an LLM --------------------------------------------------------------
+
+
+def test_llm_mode_returns_best_answer_with_evidence(collector: Collector) -> None:
+    llm = ScriptedLLM(script=SCRIPT)
+    qe = BeaconQueryEngine(table_scorer, CFG, llm=llm, prompt_template="Q: {query_str}\nA:")
+    resp = qe.query("What is best?")
+    best, n, reason = best_of(SCRIPT, CFG)
+    assert isinstance(resp, Response)
+    assert resp.response == best
+    md = resp.metadata or {}
+    assert md["n_samples"] == n and md["stop_reason"] == reason
+    assert md["candidates"] == SCRIPT[:n]
+    assert md["rewards"] == [REWARDS[t] for t in SCRIPT[:n]]
+    assert md["trace"][-1]["decision"] == "stop" and md["trace"][-1]["reason"] == reason
+    assert md["best_reward"] == REWARDS[best]
+    assert md["candidates"][md["chosen_index"]] == best
+    assert set(llm._prompts) == {"Q: What is best?\nA:"}
+    names = [e.class_name() for e in collector.events]
+    assert names[0] == "QueryStartEvent" and names[-1] == "QueryEndEvent"
+    samples = [e for e in collector.events if isinstance(e, BeaconSampleEvent)]
+    decisions = [e for e in collector.events if isinstance(e, BeaconDecisionEvent)]
+    assert [s.k for s in samples] == list(range(1, n + 1))
+    assert all(s.reward == REWARDS[s.text] and s.query_str == "What is best?" for s in samples)
+    assert len(decisions) == len(md["trace"])
+    assert decisions[-1].decision == "stop" and decisions[-1].reason == reason
+    # BEACON's events belong to the span of this engine's _aquery (inside the query's span).
+    spans = {e.span_id for e in samples + decisions}
+    assert len(spans) == 1 and str(spans.pop()).startswith("BeaconQueryEngine._aquery")
+
+
+async def test_aquery_is_native_async(collector: Collector) -> None:
+    llm = ScriptedLLM(script=SCRIPT)
+    resp = await BeaconQueryEngine(table_scorer, CFG, llm=llm).aquery("q")
+    assert resp.response == best_of(SCRIPT, CFG)[0]
+    assert llm._threads == {threading.get_ident()}
+    names = [e.class_name() for e in collector.events]
+    assert "QueryStartEvent" in names and "QueryEndEvent" in names
+
+
+async def test_sync_query_inside_a_running_loop_and_async_scorer() -> None:
+    async def scorer(q: str, r: str) -> float:
+        await asyncio.sleep(0)
+        return table_scorer(q, r)
+
+    resp = BeaconQueryEngine(scorer, CFG, llm=ScriptedLLM(script=SCRIPT)).query("q")
+    assert resp.response == best_of(SCRIPT, CFG)[0]
+
+
+def test_evaluator_scorer() -> None:
+    class TableEvaluator(BaseEvaluator):
+        def _get_prompts(self) -> dict[str, Any]:
+            return {}
+
+        def _update_prompts(self, prompts: Any) -> None:
+            return None
+
+        async def aevaluate(self, query: str | None = None, response: str | None = None,
+                            contexts: Any = None, **kwargs: Any) -> EvaluationResult:
+            assert response is not None
+            return EvaluationResult(query=query, response=response, score=REWARDS[response])
+
+    resp = BeaconQueryEngine(TableEvaluator(), CFG, llm=ScriptedLLM(script=SCRIPT)).query("q")
+    assert resp.response == best_of(SCRIPT, CFG)[0]
+
+
+def test_no_scored_sample_raises_typed_error() -> None:
+    qe = BeaconQueryEngine(lambda q, r: float("nan"), CFG.replace(max_failures=1),
+                           llm=ScriptedLLM(script=SCRIPT))
+    with pytest.raises(BeaconSamplingError) as ei:
+        qe.query("q")
+    assert ei.value.result.stop_reason == "error"
+
+
+def test_bad_arguments_are_typed_errors() -> None:
+    with pytest.raises(ValueError, match="llm/query_engine"):
+        BeaconQueryEngine(table_scorer, CFG)
+    with pytest.raises(ValueError, match="config"):
+        BeaconQueryEngine(table_scorer, "cfg", llm=ScriptedLLM(script=SCRIPT))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cost"):
+        BeaconQueryEngine(table_scorer, {"cost": 0}, llm=ScriptedLLM(script=SCRIPT))
+    with pytest.raises(ValueError, match="mode"):
+        BeaconQueryTransform(ScriptedLLM(script=SCRIPT), table_scorer, CFG, mode="nope")  # type: ignore[arg-type]
+
+
+# -- BeaconQueryEngine over an inner query engine (RAG) ------------------------------------------
+
+
+class ScriptedRAG(BaseQueryEngine):
+    """Inner query engine: scripted answers, each citing a different source document."""
+
+    def __init__(self, script: list[str]) -> None:
+        super().__init__(callback_manager=None)
+        self.script = script
+        self.i = 0
+        self.sources: list[Any] = []
+        self.index = make_index()
+        self.retriever = self.index.as_retriever(similarity_top_k=3)
+
+    def _get_prompt_modules(self) -> dict[str, Any]:
+        return {}
+
+    async def _aquery(self, query_bundle: QueryBundle) -> Response:
+        nodes = await self.retriever.aretrieve(query_bundle)
+        i = self.i
+        self.i += 1
+        text = self.script[i % len(self.script)]
+        chosen = [nodes[i % len(nodes)]]
+        self.sources.append(chosen[0])
+        return Response(response=text, source_nodes=chosen, metadata={"sample": i})
+
+    def _query(self, query_bundle: QueryBundle) -> Response:
+        raise AssertionError("BeaconQueryEngine must use the async path")
+
+
+async def test_inner_engine_mode_keeps_the_chosen_responses_sources(collector: Collector) -> None:
+    inner = ScriptedRAG(SCRIPT)
+    qe = BeaconQueryEngine(table_scorer, CFG, query_engine=inner)
+    resp = await qe.aquery("capital?")
+    best, n, _ = best_of(SCRIPT, CFG)
+    assert resp.response == best
+    i = SCRIPT.index(best)
+    md = resp.metadata or {}
+    assert md["sample"] == i  # the chosen response's own metadata survives
+    assert [s.node.node_id for s in resp.source_nodes] == [inner.sources[i].node.node_id]
+    assert len({s.node.node_id for s in inner.sources}) == 3  # samples cited different sources
+    assert md["n_samples"] == n
+    # inner queries fire their own Query events inside ours
+    assert [e.class_name() for e in collector.events].count("QueryStartEvent") == n + 1
+
+
+def test_inner_engine_is_a_real_retriever_query_engine() -> None:
+    index = make_index()
+    inner = index.as_query_engine(llm=ScriptedLLM(script=SCRIPT), similarity_top_k=2)
+    resp = BeaconQueryEngine(table_scorer, CFG, query_engine=inner).query("capital of France?")
+    assert resp.response == best_of(SCRIPT, CFG)[0]
+    assert len(resp.source_nodes) == 2
+    assert {s.node.ref_doc_id for s in resp.source_nodes} <= {"fr", "de", "es"}
+
+
+# -- BeaconQueryTransform -------------------------------------------------------------------------
+
+
+def test_rewrite_transform_keeps_the_preferred_rewrite() -> None:
+    rewrites = [f"capital city {t}" for t in SCRIPT]
+    t = BeaconQueryTransform(ScriptedLLM(script=rewrites), table_scorer, CFG)
+    out = t.run("capital?")
+    best, n, reason = best_of(SCRIPT, CFG)
+    assert out.query_str == f"capital city {best}"
+    assert out.embedding_strs == [f"capital city {best}", "capital?"]
+    assert t.last_result is not None
+    assert (t.last_result.n_samples, t.last_result.stop_reason) == (n, reason)
+
+
+def test_hyde_transform_keeps_query_and_uses_best_hypothetical_document() -> None:
+    docs = [f"Hypothetical passage {t}" for t in SCRIPT]
+    llm = ScriptedLLM(script=docs)
+    t = BeaconQueryTransform(llm, table_scorer, CFG, mode="hyde", include_original=False)
+    out = t.run(QueryBundle("capital?"))
+    best, _, _ = best_of(SCRIPT, CFG)
+    assert out.query_str == "capital?"
+    assert out.embedding_strs == [f"Hypothetical passage {best}"]
+    assert all("capital?" in p for p in llm._prompts)  # LlamaIndex's HyDE prompt was filled
+
+
+async def test_transform_inside_transform_query_engine(collector: Collector) -> None:
+    rewrites = [f"capital city {t}" for t in SCRIPT]
+    transform = BeaconQueryTransform(
+        ScriptedLLM(script=rewrites), table_scorer, CFG,
+        prompt=PromptTemplate("Rewrite: {query_str}"),
+    )
+    answering = ScriptedLLM(script=["Paris."])
+    tqe = TransformQueryEngine(make_index().as_query_engine(llm=answering), transform)
+    resp = await tqe.aquery("capital?")  # TransformQueryEngine calls the transform synchronously
+    assert str(resp) == "Paris."
+    best, _, _ = best_of(SCRIPT, CFG)
+    assert any(f"capital city {best}" in p for p in answering._prompts)
+    assert any(isinstance(e, BeaconSampleEvent) for e in collector.events)
+    assert transform.get_prompts()["beacon_prompt"].get_template() == "Rewrite: {query_str}"
+
+
+# -- priors, transforms, families ---------------------------------------------------------------
+
+
+def test_prior_and_transform_flow_through() -> None:
+    prior = NIGPrior(mu0=0.0, nu0=1.0, alpha0=2.0, beta0=0.5)
+    cfg = BeaconConfig(cost=0.05, horizon=7, family="normal", prior=prior, transform="logit")
+    resp = BeaconQueryEngine(table_scorer, cfg.to_dict(), llm=ScriptedLLM(script=SCRIPT)).query("q")
+    best, n, reason = best_of(SCRIPT, cfg)
+    md = resp.metadata or {}
+    assert resp.response == best
+    assert (md["n_samples"], md["stop_reason"]) == (n, reason)
+    assert any(t["mu"] is not None and t["mu"] < 0 for t in md["trace"])  # logit units
+
+
+def test_bernoulli_family_absorbs_at_first_success() -> None:
+    cfg = BeaconConfig(cost=0.05, horizon=8, family="bernoulli")
+    qe = BeaconQueryEngine(lambda q, r: float(r == "d"), cfg, llm=ScriptedLLM(script=SCRIPT))
+    resp = qe.query("q")
+    md = resp.metadata or {}
+    assert resp.response == "d" and md["stop_reason"] == "absorbed" and md["n_samples"] == 4

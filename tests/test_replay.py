@@ -1,0 +1,132 @@
+"""beacon.replay decides exactly as the Stopper does, prompt by prompt."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import beacon
+from beacon import BeaconConfig, BetaPrior, NIGPrior, RewardError
+from beacon.replay import _replay_with_stopper
+
+CONFIGS = [
+    BeaconConfig(cost=0.1, horizon=8),
+    BeaconConfig(cost=0.02, horizon=16, robust=False),
+    BeaconConfig(cost=0.05, horizon=16, batch_size=4),
+    BeaconConfig(cost=0.3, horizon=12, batch_size=3, robust_quantile=0.2),
+    BeaconConfig(cost=0.05, horizon=8, prior=NIGPrior(0.3, 2.0, 3.0, 0.1)),
+    BeaconConfig(cost=0.05, horizon=8, prior=NIGPrior(0.5, 1.0, 0.4, 0.0), transform="logit"),
+]
+
+
+def _rewards(seed: int, rows: int, cols: int, missing: float = 0.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.beta(0.7, 0.7, size=(rows, cols)) * rng.uniform(0.2, 1.0, size=(rows, 1))
+    # some heavy outliers and ties
+    x[rng.random(x.shape) < 0.05] = 0.0
+    x[rng.random(x.shape) < missing] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.horizon}-b{c.batch_size}-{c.cost}")
+def test_replay_equals_stopper(cfg: BeaconConfig) -> None:
+    x = _rewards(7, 300, cfg.horizon + 2, missing=0.1)
+    fast = beacon.replay(x, cfg)
+    slow = _replay_with_stopper(x, cfg)
+    np.testing.assert_array_equal(fast.n_samples, slow.n_samples)
+    np.testing.assert_array_equal(fast.chosen, slow.chosen)
+    np.testing.assert_array_equal(fast.truncated, slow.truncated)
+    assert list(fast.stop_reason) == list(slow.stop_reason)
+    # the index actually decided something and stopping times vary (the test can fail)
+    assert "index" in set(fast.stop_reason)
+    assert len(set(fast.n_samples.tolist())) > 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    cost=st.floats(0.001, 0.5),
+    batch=st.integers(1, 4),
+    robust=st.booleans(),
+)
+def test_replay_equals_stopper_property(seed: int, cost: float, batch: int, robust: bool) -> None:
+    cfg = BeaconConfig(cost=cost, horizon=8, batch_size=batch, robust=robust)
+    x = _rewards(seed, 40, 8)
+    fast, slow = beacon.replay(x, cfg), _replay_with_stopper(x, cfg)
+    np.testing.assert_array_equal(fast.n_samples, slow.n_samples)
+    np.testing.assert_array_equal(fast.chosen, slow.chosen)
+
+
+def test_bernoulli_replay_equals_stopper() -> None:
+    rng = np.random.default_rng(3)
+    x = (rng.random((400, 30)) < rng.uniform(0, 0.3, size=(400, 1))).astype(float)
+    for cfg in (
+        BeaconConfig(family="bernoulli", cost=0.05, horizon=30),
+        BeaconConfig(
+            family="bernoulli", cost=0.01, horizon=20, batch_size=4, prior=BetaPrior(0.5, 3)
+        ),
+    ):
+        fast, slow = beacon.replay(x, cfg), _replay_with_stopper(x, cfg)
+        np.testing.assert_array_equal(fast.n_samples, slow.n_samples)
+        np.testing.assert_array_equal(fast.chosen, slow.chosen)
+        assert list(fast.stop_reason) == list(slow.stop_reason)
+        assert "absorbed" in set(fast.stop_reason)
+
+
+def test_chosen_is_best_raw_reward_among_used() -> None:
+    x = _rewards(11, 200, 16)
+    r = beacon.replay(x, BeaconConfig(cost=0.05, horizon=16))
+    for i in range(x.shape[0]):
+        used = x[i, : r.n_samples[i]]
+        assert r.chosen[i] == int(np.argmax(used))
+        assert r.best_reward[i] == used.max()
+
+
+def test_short_rows_are_truncated() -> None:
+    x = np.full((2, 10), np.nan)
+    x[0, :4] = [0.1, 0.9, 0.2, 0.3]
+    r = beacon.replay(x, BeaconConfig(cost=1e-9, horizon=10))
+    assert r.n_samples[0] == 4 and r.truncated[0] and r.stop_reason[0] == "horizon"
+    assert r.n_samples[1] == 0 and r.chosen[1] == -1 and np.isnan(r.best_reward[1])
+
+
+def test_monotone_in_cost() -> None:
+    x = _rewards(5, 500, 16)
+    prev = None
+    for c in (0.001, 0.01, 0.05, 0.2, 1.0):
+        k = beacon.replay(x, BeaconConfig(cost=c, horizon=16)).n_samples
+        if prev is not None:
+            assert np.all(k <= prev)
+        prev = k
+
+
+def test_bad_arrays() -> None:
+    cfg = BeaconConfig(horizon=8)
+    with pytest.raises(RewardError, match="2-D"):
+        beacon.replay([0.1, 0.2], cfg)
+    x = np.zeros((3, 8))
+    x[2, 5] = np.inf
+    with pytest.raises(RewardError) as exc:
+        beacon.replay(x, cfg)
+    assert exc.value.position == (2, 5)
+    with pytest.raises(RewardError, match="0 or 1"):
+        beacon.replay(np.full((2, 8), 0.5), BeaconConfig(family="bernoulli", horizon=8))
+    with pytest.raises(RewardError, match=r"\[0, 1\]"):
+        beacon.replay(np.full((2, 8), 2.0), BeaconConfig(horizon=8, transform="logit"))
+
+
+def test_judge_replay_equals_stopper() -> None:
+    rng = np.random.default_rng(8)
+    wins = rng.random((300, 11)) < rng.uniform(0, 0.5, size=(300, 1))
+    x = np.where(wins, rng.uniform(0.5, 1.0, (300, 11)), rng.uniform(0, 0.5, (300, 11)))
+    x[rng.random(x.shape) < 0.05] = np.nan
+    for cfg in (
+        BeaconConfig(family="judge", cost=0.05, horizon=11),
+        BeaconConfig(family="judge", cost=0.01, horizon=11, batch_size=3, prior=BetaPrior(0.4, 2)),
+    ):
+        fast, slow = beacon.replay(x, cfg), _replay_with_stopper(x, cfg)
+        np.testing.assert_array_equal(fast.n_samples, slow.n_samples)
+        np.testing.assert_array_equal(fast.chosen, slow.chosen)
+        np.testing.assert_array_equal(fast.truncated, slow.truncated)
+        assert list(fast.stop_reason) == list(slow.stop_reason)
+        assert "absorbed" in set(fast.stop_reason) and len(set(fast.stop_reason)) >= 2

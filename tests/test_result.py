@@ -1,0 +1,83 @@
+"""BeaconResult: best, preference pairs (the paper's DPO rule), JSON round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import beacon
+from beacon.result import BeaconResult, Candidate, Usage
+from beacon.stopper import TraceRecord
+
+
+def make(rewards: list[float | None], **kw: object) -> BeaconResult:
+    cands = [
+        Candidate(i, f"t{i}", r, failed=r is None, error=None if r is not None else "X: y")
+        for i, r in enumerate(rewards)
+    ]
+    return BeaconResult(prompt="p", candidates=cands,
+                        n_samples=sum(r is not None for r in rewards), stop_reason="index",
+                        **kw)  # type: ignore[arg-type]
+
+
+def test_best_is_highest_reward_first_on_ties_and_skips_failures() -> None:
+    res = make([0.5, None, 2.0, 2.0, -1.0])
+    assert res.best is not None and (res.best.index, res.best.reward) == (2, 2.0)
+    assert res.best_text == "t2" and res.best_reward == 2.0
+    assert res.n_failed == 1 and len(res.scored) == 4
+    assert make([None, None]).best is None
+
+
+def test_preference_pair_best_and_worst() -> None:
+    pair = make([0.5, None, 2.0, -1.0, -1.0, 1.0]).preference_pair()
+    assert pair is not None
+    chosen, rejected = pair
+    assert (chosen.index, chosen.reward) == (2, 2.0)
+    assert (rejected.index, rejected.reward) == (3, -1.0)
+
+
+@pytest.mark.parametrize("rewards", [[1.0, 1.0, 1.0], [0.0], [], [None, 3.0], [None, None]])
+def test_preference_pair_none_when_all_equal_or_too_few(rewards: list[float | None]) -> None:
+    assert make(rewards).preference_pair() is None
+
+
+def test_json_round_trip() -> None:
+    trace = [
+        TraceRecord(0, -math.inf, 0.0, math.nan, math.nan, math.nan, math.nan, "draw", 3),
+        TraceRecord(3, 2.0, 1.0, 0.5, 2.0, 0.01, 0.2, "stop", 0, "index"),
+    ]
+    usage = Usage(model_calls=5, score_calls=4, failed_calls=1, retries=1, cancelled=2,
+                  input_tokens=10, output_tokens=30, cost=0.25, wall_seconds=1.5)
+    res = make([0.5, None, 2.0, 1.0], trace=trace, usage=usage, metadata={"id": 7},
+               config=beacon.BeaconConfig(cost=0.1, horizon=8, family="bernoulli").to_dict())
+    res.candidates[0].raw = object()  # in-memory only
+    res.candidates[0].usage = Usage(model_calls=1, input_tokens=3, wall_seconds=0.2)
+    d = res.to_dict()
+    text = json.dumps(d, allow_nan=False)
+    back = BeaconResult.from_dict(json.loads(text))
+    assert back.to_dict() == d
+    assert back.best is not None and back.best.index == 2
+    assert back.trace[0].k == 0 and math.isnan(back.trace[0].sigma)
+    assert back.trace[1].reason == "index" and back.usage.cost == 0.25
+    assert back.candidates[1].failed and back.candidates[1].reward is None
+    assert back.candidates[0].latency == 0.2 and back.candidates[0].raw is None
+    assert back.usage.calls == 9 and back.metadata == {"id": 7}
+    assert d["best_index"] == 2 and d["best_text"] == "t2"
+
+
+def test_non_json_prompt_is_dropped_from_dict() -> None:
+    res = make([1.0])
+    res.prompt = object()
+    assert res.to_dict()["prompt"] is None
+    json.dumps(res.to_dict())
+
+
+def test_from_dict_validates_stop_reason() -> None:
+    d = make([1.0]).to_dict()
+    d["stop_reason"] = "bored"
+    with pytest.raises(beacon.ConfigError, match="stop_reason"):
+        BeaconResult.from_dict(d)
+    with pytest.raises(beacon.ConfigError, match="result"):
+        BeaconResult.from_dict([])  # type: ignore[arg-type]

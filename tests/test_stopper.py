@@ -1,0 +1,100 @@
+"""The Stopper state machine (family-independent behaviour; bernoulli keeps it table-free)."""
+
+import math
+
+import pytest
+
+from beacon import BeaconConfig, Draw, RewardError, Stop, Stopper, StopperStateError
+
+
+def _bern(**kw: object) -> BeaconConfig:
+    return BeaconConfig(family="bernoulli", **kw)  # type: ignore[arg-type]
+
+
+def test_first_draw_is_k0_then_one() -> None:
+    cfg = BeaconConfig(horizon=8)
+    s = Stopper(cfg)
+    assert s.next_decision() == Draw(3)
+    assert s.next_decision() == Draw(3)  # idempotent while pending
+    assert s.pending == 3
+
+
+def test_observe_before_draw_and_after_stop_are_errors() -> None:
+    s = Stopper(_bern(horizon=4))
+    with pytest.raises(StopperStateError):
+        s.observe(0)
+    s.next_decision()
+    with pytest.raises(StopperStateError):
+        s.observe([0, 0])  # more than pending
+    s.observe(1)
+    assert s.next_decision() == Stop("absorbed")
+    with pytest.raises(StopperStateError):
+        s.observe(0)
+
+
+def test_always_stops_at_the_horizon() -> None:
+    s = Stopper(_bern(horizon=5, cost=1e-9))
+    n = 0
+    while isinstance(d := s.next_decision(), Draw):
+        s.observe([0] * d.count)
+        n += d.count
+    assert n == 5 and d == Stop("horizon")
+    assert s.trace[-1].decision == "stop" and s.trace[-1].reason == "horizon"
+
+
+def test_batch_mode_draws_min_b_and_remaining() -> None:
+    s = Stopper(_bern(horizon=7, cost=1e-9, batch_size=3))
+    counts = []
+    while isinstance(d := s.next_decision(), Draw):
+        counts.append(d.count)
+        s.observe([0] * d.count)
+    assert counts == [1, 3, 3]
+
+
+def test_rewards_of_a_batch_may_arrive_one_at_a_time_and_failures_are_discarded() -> None:
+    s = Stopper(_bern(horizon=10, cost=1e-9, batch_size=4))
+    s.next_decision()
+    s.observe(0)
+    assert s.next_decision() == Draw(4)
+    s.observe(0)
+    s.discard(1)
+    assert s.next_decision() == Draw(2)
+    s.observe([0, 0])
+    assert s.k == 4
+    assert s.next_decision() == Draw(4)
+
+
+def test_external_stop_and_reasons() -> None:
+    s = Stopper(_bern())
+    s.next_decision()
+    assert s.stop("budget") == Stop("budget")
+    assert s.pending == 0
+    with pytest.raises(ValueError):
+        Stopper(_bern()).stop("tired")
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "x"])
+def test_non_finite_reward_names_its_position(bad: object) -> None:
+    s = Stopper(BeaconConfig(horizon=8))
+    s.next_decision()
+    s.observe(0.5)
+    with pytest.raises(RewardError) as exc:
+        s.observe(bad)  # type: ignore[arg-type]
+    assert exc.value.position == 1
+
+
+def test_trace_round_trip() -> None:
+    s = Stopper(_bern(horizon=4))
+    s.next_decision()
+    s.observe(0)
+    s.next_decision()
+    for rec in s.trace:
+        again = type(rec).from_dict(rec.to_dict())
+        assert again.to_dict() == rec.to_dict()
+
+
+def test_best_index_is_first_maximum() -> None:
+    s = Stopper(BeaconConfig(horizon=8, cost=1e-9))
+    s.next_decision()
+    s.observe([0.3, 0.9, 0.9])
+    assert s.best_index == 1 and s.best_reward == 0.9

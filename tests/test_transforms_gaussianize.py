@@ -1,0 +1,159 @@
+"""The fitted Gaussianizing transform (kind "gaussianize")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import beacon
+from beacon.errors import ConfigError, RewardError
+from beacon.fitting import GaussianizeTransform
+from beacon.transforms import make_transform, transform_from_dict
+
+
+def _grid(g: GaussianizeTransform) -> np.ndarray:
+    lo, hi = g.x[0], g.x[-1]
+    span = hi - lo
+    inner = np.unique(np.concatenate([g.x, np.linspace(lo, hi, 5001)]))
+    xs = np.concatenate([np.linspace(lo - 100 * span, lo, 200, endpoint=False), inner,
+                         np.linspace(hi, hi + 100 * span, 201)[1:]])
+    # Drop points closer than float resolution can separate after the affine pieces.
+    keep = np.concatenate([[True], np.diff(xs) > 1e-9 * span])
+    return xs[keep]
+
+
+def _strictly_increasing(g: GaussianizeTransform) -> None:
+    xs = _grid(g)
+    ys = g.apply(xs)
+    assert np.all(np.isfinite(ys))
+    assert np.all(np.diff(ys) > 0)
+
+
+def test_logged_values_map_to_normal_quantiles_of_mid_ranks() -> None:
+    from scipy.stats import norm
+
+    data = np.array([3.0, 1.0, 2.0, 2.0, 2.0, 5.0, 4.0, 4.0])
+    g = GaussianizeTransform.fit(data)
+    n = data.size
+    # mid-rank CDF: value 2 occupies ranks 2..4 of 8 -> (1 + 3/2) / 8
+    want = {1.0: 0.5 / n, 2.0: (1 + 1.5) / n, 3.0: 4.5 / n, 4.0: (5 + 1) / n, 5.0: 7.5 / n}
+    for v, p in want.items():
+        assert g.apply_scalar(v) == pytest.approx(norm.ppf(p), rel=1e-12)
+
+
+def test_strictly_increasing_with_ties_plateaus_and_beyond_the_range() -> None:
+    rng = np.random.default_rng(0)
+    plateau = np.concatenate([np.zeros(500), np.ones(300), rng.uniform(0, 1, 20)])
+    discrete = np.round(rng.normal(6, 2, 2000) * 5) / 5  # scores in steps of 0.2
+    bimodal = np.concatenate([rng.beta(0.2, 8, 900), rng.beta(8, 0.2, 300)])
+    for data in (plateau, discrete, bimodal, np.array([1.0, 2.0])):
+        _strictly_increasing(GaussianizeTransform.fit(data))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=2, max_size=60),
+       st.integers(2, 40))
+def test_strictly_increasing_for_any_log(values: list[float], max_knots: int) -> None:
+    if len(set(values)) < 2:
+        with pytest.raises(ConfigError):
+            GaussianizeTransform.fit(values, max_knots=max_knots)
+        return
+    g = GaussianizeTransform.fit(values, max_knots=max_knots)
+    assert len(g.x) <= max(max_knots, 2) + 2
+    _strictly_increasing(g)
+
+
+def test_gaussianizes_a_skewed_pool() -> None:
+    rng = np.random.default_rng(1)
+    data = rng.lognormal(0.0, 1.5, 20000)
+    g = GaussianizeTransform.fit(data)
+    z = g.apply(rng.lognormal(0.0, 1.5, 20000))  # fresh draws from the same law
+    assert abs(z.mean()) < 0.05 and z.std() == pytest.approx(1.0, abs=0.05)
+    from scipy.stats import skew
+
+    assert abs(skew(z)) < 0.1 < abs(skew(data))
+
+
+def test_knot_thinning_keeps_the_ends_and_exact_values_at_kept_knots() -> None:
+    rng = np.random.default_rng(2)
+    data = rng.normal(size=5000)
+    full = GaussianizeTransform.fit(data, max_knots=100000)
+    thin = GaussianizeTransform.fit(data, max_knots=64)
+    assert len(thin.x) <= 66 and thin.x[0] == data.min() and thin.x[-1] == data.max()
+    np.testing.assert_allclose(thin.apply(thin.x), full.apply(thin.x), rtol=1e-12)
+    probe = rng.normal(size=1000)
+    assert np.max(np.abs(thin.apply(probe) - full.apply(probe))) < 0.1
+
+
+def test_nan_stays_nan_and_infinite_rewards_are_errors() -> None:
+    g = GaussianizeTransform.fit([0.0, 1.0, 2.0])
+    out = g.apply(np.array([[np.nan, 1.0]]))
+    assert np.isnan(out[0, 0]) and out[0, 1] == 0.0
+    with pytest.raises(RewardError) as ei:
+        g.apply_scalar(float("inf"), position=4)
+    assert ei.value.position == 4
+    with pytest.raises(RewardError):
+        GaussianizeTransform.fit([0.0, float("inf")])
+
+
+def test_json_round_trip_through_the_registry() -> None:
+    rng = np.random.default_rng(3)
+    g = GaussianizeTransform.fit(rng.gamma(2.0, size=300))
+    d = json.loads(json.dumps(g.to_dict()))
+    assert d["kind"] == "gaussianize"
+    for back in (transform_from_dict(d), make_transform(d)):
+        assert isinstance(back, GaussianizeTransform) and back == g
+        probe = rng.normal(2, 3, 100)
+        np.testing.assert_array_equal(back.apply(probe), g.apply(probe))
+
+
+def test_registered_at_import_of_beacon_fitting_in_a_fresh_interpreter() -> None:
+    g = GaussianizeTransform.fit([0.0, 1.0, 3.0])
+    code = (
+        "import json, sys, beacon\n"
+        "from beacon.transforms import transform_from_dict\n"
+        "t = transform_from_dict(json.loads(sys.argv[1]))\n"
+        "print(type(t).__name__, t.apply_scalar(1.0))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(g.to_dict())],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["GaussianizeTransform", "0.0"]
+
+
+def test_invalid_construction_names_the_field() -> None:
+    with pytest.raises(ConfigError) as e1:
+        GaussianizeTransform([0.0, 0.0, 1.0], [-1.0, 0.0, 1.0], 1.0, 1.0)
+    assert e1.value.field == "transform.x"
+    with pytest.raises(ConfigError) as e2:
+        GaussianizeTransform([0.0, 1.0], [1.0, 0.0], 1.0, 1.0)
+    assert e2.value.field == "transform.q"
+    with pytest.raises(ConfigError) as e3:
+        GaussianizeTransform([0.0, 1.0], [0.0, 1.0], 0.0, 1.0)
+    assert e3.value.field == "transform.slope_left"
+    with pytest.raises(ConfigError) as e4:
+        transform_from_dict({"kind": "gaussianize", "x": [0.0, 1.0], "q": [0.0, 1.0]})
+    assert e4.value.field == "transform.slope_left"
+    with pytest.raises(ConfigError):
+        GaussianizeTransform.fit([1.0, 1.0, 1.0])
+    with pytest.raises(ConfigError) as e5:
+        GaussianizeTransform.fit([1.0, 2.0], max_knots=1)
+    assert e5.value.field == "max_knots"
+
+
+def test_config_round_trip_and_stopper_picks_best_raw_reward() -> None:
+    g = GaussianizeTransform.fit(np.linspace(0.0, 1.0, 50) ** 3)
+    cfg = beacon.BeaconConfig(cost=0.01, horizon=6, family="normal",
+                              transform=g)
+    back = beacon.BeaconConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back.transform == g
+    s = beacon.Stopper(cfg.replace(prior=beacon.NIGPrior(0.0, 1.0, 2.0, 1.0)))
+    rewards = iter([0.2, 0.9, 0.1, 0.5, 0.3, 0.05])
+    while isinstance(d := s.next_decision(), beacon.Draw):
+        s.observe([next(rewards) for _ in range(d.count)])
+    assert s.best_reward == 0.9 and s.best_index == 1

@@ -1,0 +1,317 @@
+"""The Celery worker tier with real parts: Redis on 127.0.0.1:6379 (DB 11), real worker
+processes (prefork), real SIGKILL. Nothing is skipped: if Redis does not answer, it is started
+the way ``.ci/run`` starts it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import beacon
+from beacon.jobs import FactorySpec, JobSpec, iter_prompt_file, read_jsonl, run_job
+from worker.local_redis import ensure_local_redis
+
+ROOT = Path(__file__).resolve().parents[1]
+REDIS_URL = "redis://127.0.0.1:6379/11"
+PREFIX = f"beacon-test-{uuid.uuid4().hex[:8]}"
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture(scope="module")
+def tier() -> Iterator[SimpleNamespace]:
+    ensure_local_redis()
+    env = {"BEACON_BROKER_URL": REDIS_URL, "BEACON_RESULT_BACKEND": REDIS_URL,
+           "BEACON_STATE_URL": REDIS_URL, "BEACON_KEY_PREFIX": PREFIX,
+           "BEACON_QUEUE": f"{PREFIX}-default"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # read by worker.app at import and by the CLI commands
+    import redis
+
+    from worker.state import JobStore, collect_job
+    from worker.tasks import submit_job
+
+    store = JobStore(REDIS_URL, prefix=PREFIX)
+    try:
+        yield SimpleNamespace(store=store, submit=submit_job, collect=collect_job, env=env)
+    finally:
+        r = redis.Redis.from_url(REDIS_URL)
+        keys = [*r.scan_iter(f"{PREFIX}*"), *r.scan_iter(f"_kombu.binding*{PREFIX}*")]
+        if keys:
+            r.delete(*keys)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Worker:
+    """A real worker (its own process group, so SIGKILL takes the pool children too)."""
+
+    def __init__(self, queue: str, log: Path, *, env: dict[str, str], via_cli: bool = False,
+                 concurrency: int = 2) -> None:
+        name = f"{queue}-{uuid.uuid4().hex[:4]}@%h"
+        if via_cli:
+            cmd = [sys.executable, "-m", "beacon.cli", "worker", "-c", str(concurrency),
+                   "-Q", queue, "-n", name, "-l", "WARNING"]
+        else:
+            cmd = [sys.executable, "-m", "celery", "-A", "worker.app", "worker",
+                   f"--concurrency={concurrency}", "--pool=prefork", "--loglevel=WARNING",
+                   "-Q", queue, "-n", name, "--without-gossip", "--without-mingle"]
+        self.log = log
+        self._fh = log.open("ab")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env,
+                                                         "BEACON_QUEUE": queue},
+                                     stdout=self._fh, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._fh.close()
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+
+def _limits(soft: float, hard: float, vis: float) -> dict[str, str]:
+    return {"BEACON_SOFT_TIME_LIMIT": str(soft), "BEACON_TIME_LIMIT": str(hard),
+            "BEACON_VISIBILITY_TIMEOUT": str(vis), "BEACON_RETRY_BACKOFF_MAX": "1"}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _wait(store: Any, job_id: str, timeout: float, until: Any = None,
+          worker: Worker | None = None) -> Any:
+    t0 = time.monotonic()
+    while True:
+        st = store.status(job_id)
+        if (until(st) if until else st.finished):
+            return st
+        if worker is not None and worker.proc.poll() is not None:
+            raise AssertionError(f"worker exited: {worker.log.read_text()[-3000:]}")
+        if time.monotonic() - t0 > timeout:
+            log = worker.log.read_text()[-3000:] if worker else ""
+            raise AssertionError(f"job {job_id} stuck at {st.to_dict()}\n{log}")
+        time.sleep(0.1)
+
+
+def _fitted_config() -> beacon.BeaconConfig:
+    """A prior and a gaussianize transform fitted on demo-scorer logs (what a user would ship)."""
+    import numpy as np
+
+    from beacon import demo
+    from beacon.fitting import fit_reward_model
+
+    sc = demo.scorer(seed=3)
+    logged = np.array([[sc.reward(f"calibration prompt {i}", f"response {j}") for j in range(12)]
+                       for i in range(40)])
+    return fit_reward_model(logged, family="normal", transform="gaussianize").config(
+        cost=0.05, horizon=16)
+
+
+def _core(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["id"], r["ok"], r["best"], r["reward"], r["n_samples"], r["stop_reason"])
+
+
+# -- settings --------------------------------------------------------------------------------------
+def test_settings_and_celery_config(tier: SimpleNamespace) -> None:
+    from worker.app import celery_config
+    from worker.config import WorkerSettings
+
+    s = WorkerSettings.from_env({"BEACON_BROKER_URL": "amqp://guest@rabbit//",
+                                 "BEACON_RESULT_BACKEND": "redis://r:6379/2",
+                                 "BEACON_ALLOWED_FACTORIES": "mycorp.llm",
+                                 "BEACON_SOFT_TIME_LIMIT": "100"})
+    assert s.state_url == "redis://r:6379/2" and s.time_limit == 160
+    assert s.visibility_timeout > s.time_limit and s.celery_soft_time_limit > s.soft_time_limit
+    assert s.allowed_factories == ("beacon.demo", "mycorp.llm")
+    c = celery_config(s)
+    assert c["accept_content"] == ["json"] and c["task_serializer"] == "json"
+    assert c["result_serializer"] == "json"
+    assert c["task_acks_late"] and c["task_reject_on_worker_lost"]
+    assert c["worker_prefetch_multiplier"] == 1
+    assert c["broker_transport_options"]["visibility_timeout"] == s.visibility_timeout
+    with pytest.raises(beacon.ConfigError) as e:
+        WorkerSettings.from_env({"BEACON_SOFT_TIME_LIMIT": "60", "BEACON_TIME_LIMIT": "100",
+                                 "BEACON_VISIBILITY_TIMEOUT": "50"})
+    assert e.value.field == "BEACON_VISIBILITY_TIMEOUT"
+    with pytest.raises(beacon.ConfigError) as e:
+        WorkerSettings.from_env({"BEACON_SOFT_TIME_LIMIT": "ten"})
+    assert e.value.field == "BEACON_SOFT_TIME_LIMIT"
+    from worker.tasks import run_prompt
+
+    assert run_prompt.acks_late and run_prompt.reject_on_worker_lost
+    assert run_prompt.retry_backoff and run_prompt.retry_jitter
+
+
+# -- a few hundred prompts, the fitted config travels, bad lines fail alone --
+def test_worker_job_matches_in_process_run(tier: SimpleNamespace, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+
+    queue = f"{PREFIX}-main"
+    cfg = _fitted_config()
+    spec = JobSpec(FactorySpec("beacon.demo:generator", {"seed": 3}),
+                   FactorySpec("beacon.demo:scorer", {"seed": 3}), cfg)
+    n = 300
+    prompts = tmp_path / "p.jsonl"
+    with prompts.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": i, "prompt": f"bulk prompt {i}"}) + "\n")
+        f.write('{"id": "broken", "prompt": \n')
+        f.write(json.dumps({"id": "evil", "prompt": "hi",
+                            "scorer": {"factory": "subprocess:run", "kwargs": {}}}) + "\n")
+    # In-process first: it also builds the fitted prior's h-table into the on-disk cache that
+    # the workers then load (building it is minutes of CPU on a loaded 2-core machine).
+    local = tmp_path / "local.jsonl"
+    run_job(prompts, spec, local)
+    w = Worker(queue, tmp_path / "worker.log", env=_limits(60, 90, 120))
+    try:
+        res = tier.submit(iter_prompt_file(prompts), spec, input_digest=_digest(prompts),
+                          source=str(prompts), queue=queue)
+        assert (res.total, res.enqueued, res.bad_lines) == (n + 2, n + 1, 1)
+        st = _wait(tier.store, res.job_id, 150, worker=w)
+        assert (st.done, st.failed, st.pending) == (n, 2, 0)
+        again = tier.submit(iter_prompt_file(prompts), spec, input_digest=_digest(prompts),
+                            source=str(prompts), queue=queue)
+        assert again.job_id == res.job_id and again.enqueued == 0
+    finally:
+        w.stop()
+    runner = CliRunner()
+    assert runner.invoke(app, ["status", "no-such-job"]).exit_code == 2
+    status = runner.invoke(app, ["status", res.job_id, "--json"])
+    assert status.exit_code == 0, status.output
+    assert json.loads(status.output)["done"] == n
+    out, dpo = tmp_path / "tier.jsonl", tmp_path / "tier_dpo.jsonl"
+    col = runner.invoke(app, ["collect", res.job_id, "--out", str(out), "--dpo", str(dpo)])
+    assert col.exit_code == 1, col.output  # two prompts failed
+    rows = list(read_jsonl(out))
+    assert len(rows) == n + 2 and len({r["key"] for r in rows}) == n + 2
+    by_line = {r["line"]: r for r in rows}
+    assert by_line[n + 1]["error"]["field"] == "line"
+    assert "not valid JSON" in by_line[n + 1]["error"]["message"]
+    evil = by_line[n + 2]["error"]
+    assert evil["type"] == "FactoryNotAllowedError" and evil["value"] == "subprocess:run"
+    assert runner.invoke(app, ["collect", res.job_id, "--out", str(out)]).exit_code == 1
+    assert len(list(read_jsonl(out))) == n + 2  # collecting again adds nothing
+
+    # The same job in-process gives the same answers: the fitted prior and transform travelled.
+    tier_ok = {r["key"]: _core(r) for r in rows if r["ok"]}
+    local_ok = {r["key"]: _core(r) for r in read_jsonl(local) if r["ok"]}
+    assert len(tier_ok) == n and tier_ok == local_ok
+    # ... and the comparison can tell configs apart: Jeffreys' default decides differently.
+    plain = tmp_path / "plain.jsonl"
+    run_job(prompts, JobSpec(spec.generator, spec.scorer,
+                             beacon.BeaconConfig(cost=0.05, horizon=16)), plain)
+    plain_by_id = {r["id"]: r["n_samples"] for r in read_jsonl(plain) if r["ok"]}
+    assert any(plain_by_id[r[0]] != r[4] for r in tier_ok.values())
+    pairs = list(read_jsonl(dpo))
+    assert pairs and all(p["margin"] > 0 for p in pairs)
+    assert {p["key"] for p in pairs} <= set(tier_ok)
+
+
+# -- SIGKILL mid-job: every prompt exactly once --
+def _unacked_in(queue: str) -> int:
+    import redis
+
+    r = redis.Redis.from_url(REDIS_URL)
+    n = 0
+    for raw in r.hvals("unacked"):
+        _msg, _exchange, routing_key = json.loads(raw)
+        n += routing_key == queue
+    return n
+
+
+def test_sigkilled_worker_loses_nothing_and_duplicates_nothing(tier: SimpleNamespace,
+                                                               tmp_path: Path) -> None:
+    queue = f"{PREFIX}-fault"
+    spec = JobSpec(FactorySpec("beacon.demo:generator", {"latency_ms": 10}),
+                   FactorySpec("beacon.demo:verifier"),
+                   beacon.BeaconConfig(family="bernoulli", cost=0.02, horizon=8))
+    n = 300
+    prompts = tmp_path / "p.jsonl"
+    with prompts.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": i, "prompt": f"What is {i} times 3?",
+                                "reference": str(3 * i)}) + "\n")
+    limits = _limits(2, 3, 5)
+    a = Worker(queue, tmp_path / "a.log", env=limits)
+    try:
+        res = tier.submit(iter_prompt_file(prompts), spec, input_digest=_digest(prompts),
+                          source=str(prompts), queue=queue)
+        at_kill = _wait(tier.store, res.job_id, 90, until=lambda s: s.done >= 40, worker=a)
+    finally:
+        a.kill(signal.SIGKILL)
+    assert at_kill.pending > 0, "the job finished before the kill; nothing was tested"
+    stranded = _unacked_in(queue)
+    assert stranded >= 1  # messages the dead worker held, acked by nobody
+    b = Worker(queue, tmp_path / "b.log", env=limits, via_cli=True)
+    try:
+        st = _wait(tier.store, res.job_id, 120, worker=b)
+    finally:
+        b.stop()
+    assert (st.done, st.failed) == (n, 0)
+    assert _unacked_in(queue) == 0
+    out = tmp_path / "out.jsonl"
+    tier.collect(tier.store, res.job_id, out)
+    lines = out.read_text().splitlines()
+    ids = Counter(json.loads(x)["id"] for x in lines)
+    assert len(lines) == n and set(ids) == set(range(n)) and max(ids.values()) == 1
+
+
+# -- time limit keeps the partial result; a disallowed job-level factory fails every prompt --
+def test_time_limit_saves_partial_result_and_disallowed_job_fails_clearly(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    queue = f"{PREFIX}-limits"
+    slow = JobSpec(FactorySpec("beacon.demo:generator", {"latency_ms": 250}),
+                   FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(family="normal", cost=1e-9, horizon=32))
+    evil = JobSpec(FactorySpec("os:system", {"command": "touch /tmp/beacon-pwned"}),
+                   FactorySpec("beacon.demo:scorer"), beacon.BeaconConfig(family="normal"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"slow {i}"}) + "\n"
+                               for i in range(2)))
+    w = Worker(queue, tmp_path / "w.log", env=_limits(2, 4, 8))
+    try:
+        r1 = tier.submit(iter_prompt_file(prompts), slow, job_id=f"slow-{uuid.uuid4().hex[:6]}",
+                         queue=queue)
+        r2 = tier.submit(iter_prompt_file(prompts), evil, job_id=f"evil-{uuid.uuid4().hex[:6]}",
+                         queue=queue)
+        s1 = _wait(tier.store, r1.job_id, 60, worker=w)
+        s2 = _wait(tier.store, r2.job_id, 60, worker=w)
+    finally:
+        w.stop()
+    assert s1.done == 2
+    tier.collect(tier.store, r1.job_id, tmp_path / "slow.jsonl")
+    for r in read_jsonl(tmp_path / "slow.jsonl"):
+        assert r["ok"] and r["stop_reason"] == "budget" and 3 <= r["n_samples"] < 32
+    assert s2.failed == 2 and s2.done == 0
+    tier.collect(tier.store, r2.job_id, tmp_path / "evil.jsonl")
+    for r in read_jsonl(tmp_path / "evil.jsonl"):
+        assert r["error"]["type"] == "FactoryNotAllowedError"
+        assert "os" in r["error"]["message"] and "BEACON_ALLOWED_FACTORIES" in r["error"]["message"]
+    assert not Path("/tmp/beacon-pwned").exists()

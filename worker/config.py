@@ -1,0 +1,134 @@
+"""Worker-tier settings, read from the environment (12-factor: the same image runs everywhere).
+
+=============================  ==============================================================
+variable                       meaning (default)
+=============================  ==============================================================
+BEACON_BROKER_URL              Celery broker: ``redis://...`` or ``amqp://...``
+                               (``redis://127.0.0.1:6379/0``)
+BEACON_RESULT_BACKEND          Celery result backend (the broker URL when it is Redis, else
+                               ``redis://127.0.0.1:6379/0``)
+BEACON_STATE_URL               Redis holding job state and results (the result backend when it
+                               is Redis, else the broker when it is Redis)
+BEACON_KEY_PREFIX              prefix of every job-state key (``beacon``)
+BEACON_QUEUE                   queue the prompt tasks go to (``beacon``)
+BEACON_ALLOWED_FACTORIES       comma-separated module prefixes workers may import, on top of
+                               ``beacon.demo`` (none)
+BEACON_SOFT_TIME_LIMIT         seconds a prompt may sample; at it the engine stops with
+                               ``stop_reason="budget"`` and the partial result is saved (600)
+BEACON_TIME_LIMIT              hard kill of a stuck task, seconds (soft + 60)
+BEACON_VISIBILITY_TIMEOUT      seconds before Redis redelivers an unacknowledged task; must
+                               exceed the hard limit plus the longest retry backoff (hard + 300)
+BEACON_TASK_MAX_RETRIES        task-level retries of transient errors (5)
+BEACON_RETRY_BACKOFF_MAX       cap of the task retry backoff, seconds (120)
+BEACON_JOB_TTL                 seconds job state is kept in Redis after the last write (7 days)
+BEACON_ENGINE_CONCURRENCY      concurrent model/scorer calls per worker process (64)
+=============================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from beacon.errors import ConfigError
+from beacon.jobs.spec import parse_allow_list
+
+__all__ = ["WorkerSettings"]
+
+_DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def _is_redis(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "unix://"))
+
+
+def _num(env: Mapping[str, str], name: str, default: float, *, integer: bool = False,
+         minimum: float = 0.0) -> Any:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return int(default) if integer else float(default)
+    try:
+        v: float = int(raw) if integer else float(raw)
+    except ValueError:
+        raise ConfigError(name, raw, "must be an integer" if integer else "must be a number") \
+            from None
+    if not v >= minimum:
+        raise ConfigError(name, raw, f"must be >= {minimum}")
+    return v
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Validated worker-tier settings (see the module docstring for the variables)."""
+
+    broker_url: str = _DEFAULT_REDIS
+    result_backend: str = _DEFAULT_REDIS
+    state_url: str = _DEFAULT_REDIS
+    key_prefix: str = "beacon"
+    queue: str = "beacon"
+    allowed_factories: tuple[str, ...] = ("beacon.demo",)
+    soft_time_limit: float = 600.0
+    time_limit: float = 660.0
+    visibility_timeout: float = 960.0
+    task_max_retries: int = 5
+    retry_backoff_max: float = 120.0
+    job_ttl: int = 7 * 24 * 3600
+    engine_concurrency: int = 64
+
+    def __post_init__(self) -> None:
+        if self.soft_time_limit <= 0:
+            raise ConfigError("BEACON_SOFT_TIME_LIMIT", self.soft_time_limit, "must be > 0")
+        if self.time_limit <= self.soft_time_limit:
+            raise ConfigError("BEACON_TIME_LIMIT", self.time_limit,
+                              f"must exceed BEACON_SOFT_TIME_LIMIT={self.soft_time_limit}")
+        if self.visibility_timeout <= self.time_limit:
+            # Redis redelivers an unacknowledged message after the visibility timeout; a
+            # shorter timeout would hand a still-running task to a second worker.
+            raise ConfigError("BEACON_VISIBILITY_TIMEOUT", self.visibility_timeout,
+                              f"must exceed BEACON_TIME_LIMIT={self.time_limit} (the longest "
+                              "task), or running tasks get delivered twice")
+        if not self.key_prefix or any(c.isspace() for c in self.key_prefix):
+            raise ConfigError("BEACON_KEY_PREFIX", self.key_prefix, "must be non-empty, "
+                                                                    "without spaces")
+        if not _is_redis(self.state_url):
+            raise ConfigError("BEACON_STATE_URL", self.state_url,
+                              "job state needs Redis (redis://, rediss:// or unix://)")
+        if self.engine_concurrency < 1:
+            raise ConfigError("BEACON_ENGINE_CONCURRENCY", self.engine_concurrency,
+                              "must be >= 1")
+
+    @property
+    def celery_soft_time_limit(self) -> float:
+        """Celery's soft limit: the engine deadline plus a grace period (a backstop only)."""
+        return self.soft_time_limit + min(30.0, (self.time_limit - self.soft_time_limit) / 2)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
+        e = os.environ if env is None else env
+        broker = e.get("BEACON_BROKER_URL") or _DEFAULT_REDIS
+        backend = e.get("BEACON_RESULT_BACKEND") or (broker if _is_redis(broker)
+                                                      else _DEFAULT_REDIS)
+        state = e.get("BEACON_STATE_URL") or (backend if _is_redis(backend) else
+                                              broker if _is_redis(broker) else _DEFAULT_REDIS)
+        soft = _num(e, "BEACON_SOFT_TIME_LIMIT", 600.0, minimum=0.001)
+        hard = _num(e, "BEACON_TIME_LIMIT", soft + 60.0, minimum=0.001)
+        backoff_max = _num(e, "BEACON_RETRY_BACKOFF_MAX", 120.0)
+        vis = _num(e, "BEACON_VISIBILITY_TIMEOUT", hard + max(300.0, backoff_max), minimum=1.0)
+        return cls(
+            broker_url=broker,
+            result_backend=backend,
+            state_url=state,
+            key_prefix=e.get("BEACON_KEY_PREFIX") or "beacon",
+            queue=e.get("BEACON_QUEUE") or "beacon",
+            allowed_factories=parse_allow_list(e.get("BEACON_ALLOWED_FACTORIES")),
+            soft_time_limit=soft,
+            time_limit=hard,
+            visibility_timeout=vis,
+            task_max_retries=_num(e, "BEACON_TASK_MAX_RETRIES", 5, integer=True),
+            retry_backoff_max=backoff_max,
+            job_ttl=_num(e, "BEACON_JOB_TTL", 7 * 24 * 3600, integer=True, minimum=60),
+            engine_concurrency=_num(e, "BEACON_ENGINE_CONCURRENCY", 64, integer=True,
+                                    minimum=1),
+        )

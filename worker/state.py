@@ -1,0 +1,286 @@
+"""Job state in Redis: the fan-in point of the worker tier.
+
+Keys (``P`` = ``BEACON_KEY_PREFIX``, ``J`` = job id), all expiring ``BEACON_JOB_TTL`` after the
+last write:
+
+* ``P:job:J:meta``    hash: ``spec`` (JSON), ``total``, ``source``, ``created``, ``submitted``
+* ``P:job:J:prompts`` hash: prompt key -> ``{"record": ..., "line": n}`` (what to resubmit)
+* ``P:job:J:results`` hash: prompt key -> ``{"record": output line, "dpo": DPO line | null}``
+* ``P:job:J:errors``  hash: prompt key -> ``{"record": error line}`` (failed prompts, bad lines)
+
+Writes are idempotent: a result is stored with ``HSETNX`` (the first delivery wins; a redelivered
+or retried task finds it and does nothing) and removes the key from ``errors`` in the same Lua
+script, so a retried failure that later succeeds is counted once. ``done`` = HLEN results,
+``failed`` = HLEN errors, ``pending`` = total - done - failed. ``beacon collect`` copies results
+and errors to local JSONL files through :class:`~beacon.jobs.output.KeyedJsonlWriter`, which never
+writes a key twice: that is the tier's idempotent fan-in writer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+__all__ = ["CollectResult", "JobStatus", "JobStore", "UnknownJobError", "collect_job"]
+
+_STORE_RESULT = """
+local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if added == 1 then redis.call('HDEL', KEYS[2], ARGV[1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return added
+"""
+
+_STORE_ERROR = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+
+
+class UnknownJobError(LookupError):
+    """No job with this id in the state store (never submitted, purged, or expired)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"unknown job {job_id!r} (never submitted, purged, or expired)")
+        self.job_id = job_id
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Counts of one job; ``pending`` = total - done - failed."""
+
+    job_id: str
+    total: int
+    done: int
+    failed: int
+    created: float
+    source: str
+
+    @property
+    def pending(self) -> int:
+        return max(0, self.total - self.done - self.failed)
+
+    @property
+    def finished(self) -> bool:
+        return self.pending == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "total": self.total, "done": self.done,
+                "failed": self.failed, "pending": self.pending, "source": self.source,
+                "created": self.created}
+
+
+class JobStore:
+    """Redis-backed job state (see the module docstring for the layout)."""
+
+    def __init__(self, url: str, *, prefix: str = "beacon", ttl: int = 7 * 24 * 3600,
+                 client: Any = None) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.ttl = int(ttl)
+        self.r: Any = client if client is not None else redis.Redis.from_url(url)
+        self._store_result = self.r.register_script(_STORE_RESULT)
+        self._store_error = self.r.register_script(_STORE_ERROR)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> JobStore:
+        return cls(settings.state_url, prefix=settings.key_prefix, ttl=settings.job_ttl)
+
+    def close(self) -> None:
+        self.r.close()
+
+    # -- keys --------------------------------------------------------------------------------
+    def _k(self, job_id: str, part: str) -> str:
+        return f"{self.prefix}:job:{job_id}:{part}"
+
+    # -- submission --------------------------------------------------------------------------
+    @staticmethod
+    def spec_ref(spec: dict[str, Any]) -> str:
+        """Content hash naming a job spec (what each task message carries instead of the spec:
+        a fitted transform can be tens of kB, too much to repeat in every message)."""
+        import hashlib
+
+        from beacon.jobs.spec import canonical_json
+
+        return hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()[:32]
+
+    def create(self, job_id: str, spec: dict[str, Any], *, source: str) -> str:
+        """Create (or update) a job; returns the spec's reference for the task messages."""
+        from beacon.jobs.spec import canonical_json
+
+        ref = self.spec_ref(spec)
+        meta = self._k(job_id, "meta")
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hsetnx(meta, "created", repr(time.time()))
+        pipe.hset(meta, mapping={"spec": canonical_json(spec), f"spec:{ref}": canonical_json(spec),
+                                 "source": source})
+        pipe.hsetnx(meta, "total", 0)
+        pipe.expire(meta, self.ttl)
+        pipe.execute()
+        return ref
+
+    def add_prompts(self, job_id: str, items: Iterable[tuple[str, dict[str, Any]]]) -> int:
+        """Register prompts (key -> payload); returns how many keys were new to the job."""
+        pk, meta = self._k(job_id, "prompts"), self._k(job_id, "meta")
+        pipe = self.r.pipeline(transaction=False)
+        n = 0
+        for key, payload in items:
+            pipe.hsetnx(pk, key, json.dumps(payload))
+            n += 1
+        if not n:
+            return 0
+        added = sum(int(x) for x in pipe.execute())
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(meta, "total", self.r.hlen(pk))
+        pipe.expire(pk, self.ttl)
+        pipe.expire(meta, self.ttl)
+        pipe.execute()
+        return added
+
+    def spec(self, job_id: str, ref: str | None = None) -> dict[str, Any]:
+        """The job's spec (the latest, or the one named ``ref``), checked against its hash."""
+        raw = self.r.hget(self._k(job_id, "meta"), "spec" if ref is None else f"spec:{ref}")
+        if raw is None:
+            raise UnknownJobError(job_id)
+        out: dict[str, Any] = json.loads(raw)
+        if ref is not None and self.spec_ref(out) != ref:
+            raise ValueError(f"job {job_id!r}: stored spec does not match its reference {ref}")
+        return out
+
+    # -- results -----------------------------------------------------------------------------
+    def has_result(self, job_id: str, key: str) -> bool:
+        return bool(self.r.hexists(self._k(job_id, "results"), key))
+
+    def store_result(self, job_id: str, key: str, payload: dict[str, Any]) -> bool:
+        """Store a finished prompt; False if a result for ``key`` was already there."""
+        return bool(self._store_result(
+            keys=[self._k(job_id, "results"), self._k(job_id, "errors")],
+            args=[key, json.dumps(payload, allow_nan=False), self.ttl],
+        ))
+
+    def store_error(self, job_id: str, key: str, payload: dict[str, Any]) -> bool:
+        """Record a failed prompt unless it already has a result; True if recorded."""
+        return bool(self._store_error(
+            keys=[self._k(job_id, "results"), self._k(job_id, "errors")],
+            args=[key, json.dumps(payload, allow_nan=False), self.ttl],
+        ))
+
+    def status(self, job_id: str) -> JobStatus:
+        meta_key = self._k(job_id, "meta")
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hgetall(meta_key)
+        pipe.hlen(self._k(job_id, "results"))
+        pipe.hlen(self._k(job_id, "errors"))
+        meta, done, failed = pipe.execute()
+        if not meta:
+            raise UnknownJobError(job_id)
+        m = {k.decode(): v.decode() for k, v in meta.items()}
+        return JobStatus(job_id, int(m.get("total", 0)), int(done), int(failed),
+                         float(m.get("created", 0.0)), m.get("source", ""))
+
+    def _scan(self, job_id: str, part: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        for k, v in self.r.hscan_iter(self._k(job_id, part), count=500):
+            yield k.decode(), json.loads(v)
+
+    def iter_results(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self._scan(job_id, "results")
+
+    def iter_errors(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self._scan(job_id, "errors")
+
+    def iter_prompts(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        return self._scan(job_id, "prompts")
+
+    def outcome_flags(self, job_id: str, keys: list[str]) -> list[tuple[bool, bool]]:
+        """``(has_result, has_error)`` for each key, in one round trip."""
+        res_k, err_k = self._k(job_id, "results"), self._k(job_id, "errors")
+        pipe = self.r.pipeline(transaction=False)
+        for key in keys:
+            pipe.hexists(res_k, key)
+            pipe.hexists(err_k, key)
+        flags = pipe.execute()
+        return [(bool(flags[2 * i]), bool(flags[2 * i + 1])) for i in range(len(keys))]
+
+    def unfinished(self, job_id: str, *, include_failed: bool = False
+                   ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Prompts without a result (and, unless ``include_failed``, without an error)."""
+        batch: list[tuple[str, dict[str, Any]]] = []
+
+        def flush() -> Iterator[tuple[str, dict[str, Any]]]:
+            flags = self.outcome_flags(job_id, [k for k, _ in batch])
+            for item, (has_res, has_err) in zip(batch, flags, strict=True):
+                if not has_res and (include_failed or not has_err):
+                    yield item
+
+        for item in self.iter_prompts(job_id):
+            batch.append(item)
+            if len(batch) >= 500:
+                yield from flush()
+                batch = []
+        if batch:
+            yield from flush()
+
+    def purge(self, job_id: str) -> int:
+        return int(self.r.delete(*(self._k(job_id, p)
+                                   for p in ("meta", "prompts", "results", "errors"))))
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    """``written`` / ``dpo_written``: lines added now; ``status``: the job's counts."""
+
+    written: int
+    dpo_written: int
+    replaced_errors: int
+    status: JobStatus
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"written": self.written, "dpo_written": self.dpo_written,
+                "replaced_errors": self.replaced_errors, **self.status.to_dict()}
+
+
+def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Path | None = None,
+                fsync: bool = True) -> CollectResult:
+    """Copy a job's outcomes from Redis to JSONL files; safe to repeat at any time.
+
+    Each key is written at most once (:class:`~beacon.jobs.output.KeyedJsonlWriter`); an error
+    line written by an earlier collect is replaced (atomic rewrite) once the prompt has
+    succeeded on a retry. DPO lines are written before output lines, as in the local runner.
+    """
+    from beacon.jobs.dpo import DpoWriter
+    from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
+
+    store.status(job_id)  # raises UnknownJobError before any file is touched
+    written = dpo_written = 0
+    with KeyedJsonlWriter(out, fsync=fsync) as out_w:
+        failed_here = [str(rec["key"]) for rec in read_jsonl(out) if rec.get("ok") is False]
+        replaced = 0
+        if failed_here:
+            flags = store.outcome_flags(job_id, failed_here)
+            now_ok = {k for k, (has_res, _) in zip(failed_here, flags, strict=True) if has_res}
+            if now_ok:
+                replaced = len(out_w.compact(
+                    lambda rec: not (rec.get("ok") is False and rec.get("key") in now_ok)))
+        dpo_w = DpoWriter(dpo, fsync=fsync).open() if dpo is not None else None
+        try:
+            for key, payload in store.iter_results(job_id):
+                if key in out_w:
+                    continue
+                if dpo_w is not None and payload.get("dpo") is not None:
+                    dpo_written += int(dpo_w.write(payload["dpo"]))
+                written += int(out_w.write(payload["record"]))
+            for key, payload in store.iter_errors(job_id):
+                if key not in out_w:
+                    written += int(out_w.write(payload["record"]))
+        finally:
+            if dpo_w is not None:
+                dpo_w.close()
+    return CollectResult(written, dpo_written, replaced, store.status(job_id))

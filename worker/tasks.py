@@ -1,0 +1,399 @@
+"""Celery tasks of the BEACON worker tier: one task per prompt, idempotent, fan-in via Redis.
+
+Event loop. Each worker process owns ONE asyncio event loop, started at ``worker_process_init``
+(prefork children; lazily for the ``solo``/``threads`` pools) in a daemon thread and reused by
+every task of the process: the task body submits its coroutine with
+``asyncio.run_coroutine_threadsafe`` and waits. Generators and scorers are built once per
+process and spec (:class:`beacon.jobs.execute.FactoryCache`), so their HTTP sessions and
+connection pools are shared by all prompts and all threads of the process, and with
+``--pool threads`` many prompts of one process run concurrently on the one loop. Celery's
+signal-based soft time limit then lands in the waiting thread, never inside the loop.
+
+Idempotency. A task first looks its key up in the job's results and returns at once if a result
+is there (a redelivery after a worker died between storing and acknowledging); results are
+stored with ``HSETNX`` (:mod:`worker.state`), so a duplicate delivery racing the first one
+cannot write twice. With ``acks_late`` and ``task_reject_on_worker_lost`` a killed worker's
+messages are redelivered (prefork child lost: at once; whole worker lost: after the Redis
+visibility timeout), so every prompt ends with exactly one result.
+
+Time limits. The engine gets a deadline of ``BEACON_SOFT_TIME_LIMIT`` seconds
+(``Budget.max_seconds``): at it sampling stops with ``stop_reason="budget"`` and the partial
+result (best so far) is stored like any other. Celery's own soft limit fires a grace period later
+as a backstop; the task then cancels the query and stores the best sample seen by its observer.
+
+Retries. Transient infrastructure errors (Redis or network down while storing) retry the task
+with exponential backoff and jitter (``retry_backoff``, ``retry_jitter``); model and scorer
+errors are retried per call inside the engine and never fail the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import math
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis
+from celery import group, signals
+from celery.exceptions import SoftTimeLimitExceeded
+
+from beacon.events import BeaconEvent, SampleEvent
+from beacon.jobs.execute import (
+    FactoryCache,
+    Outcome,
+    PromptExecutor,
+    error_record,
+    line_error_record,
+    prepare_config,
+)
+from beacon.jobs.keys import job_fingerprint, line_error_key, prompt_key
+from beacon.jobs.spec import (
+    FactorySpec,
+    JobInputError,
+    JobSpec,
+    LineError,
+    PromptRecord,
+    canonical_json,
+)
+from worker.app import app, settings
+from worker.state import JobStore
+
+__all__ = ["SubmitResult", "get_loop", "run_prompt", "submit_job"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+# -- the per-process event loop -----------------------------------------------------------------
+class _ProcessLoop:
+    """An event loop running forever in a daemon thread of this process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._main, name="beacon-loop", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+_lock = threading.Lock()
+_proc_loop: _ProcessLoop | None = None
+_store: JobStore | None = None
+_cache: FactoryCache | None = None
+_executors: OrderedDict[str, PromptExecutor] = OrderedDict()
+
+
+def get_loop() -> _ProcessLoop:
+    """This process's loop (created on first use, and anew in a forked child)."""
+    global _proc_loop
+    with _lock:
+        if _proc_loop is None or _proc_loop.pid != os.getpid():
+            _proc_loop = _ProcessLoop()
+        return _proc_loop
+
+
+def get_store() -> JobStore:
+    global _store
+    with _lock:
+        if _store is None:
+            _store = JobStore.from_settings(settings)
+        return _store
+
+
+_prep_lock = threading.Lock()
+_prepared: set[str] = set()
+
+
+def _prepare(cfg_key: str, spec: JobSpec) -> None:
+    # Serialized with the warm-up: both may load tables and JIT kernels, once per process.
+    with _prep_lock:
+        if cfg_key not in _prepared:
+            prepare_config(spec.config)
+            _prepared.add(cfg_key)
+
+
+async def _prepare_off_loop(cfg_key: str, spec: JobSpec) -> None:
+    await asyncio.to_thread(_prepare, cfg_key, spec)
+
+
+def _executor(spec: JobSpec) -> PromptExecutor:
+    """The process's executor for ``spec``, its tables loaded (outside the engine deadline).
+
+    Table loading runs in a helper thread while the task thread only waits, so Celery's
+    signal-based soft time limit can never interrupt it half-way (an exception raised inside
+    an LLVM/numba initialization can leave the process unusable).
+    """
+    global _cache
+    k = canonical_json(spec.to_dict())
+    cfg_key = canonical_json(spec.config.to_dict())
+    if cfg_key not in _prepared:
+        get_loop().submit(_prepare_off_loop(cfg_key, spec)).result()
+    with _lock:
+        if _cache is None:
+            _cache = FactoryCache(settings.allowed_factories)
+        ex = _executors.get(k)
+        if ex is None:
+            ex = PromptExecutor(spec, allowed=settings.allowed_factories,
+                                call_concurrency=settings.engine_concurrency, cache=_cache)
+            _executors[k] = ex
+            while len(_executors) > 16:
+                _executors.popitem(last=False)
+        else:
+            _executors.move_to_end(k)
+        return ex
+
+
+def _warm_up() -> None:
+    # The first normal-family decision loads the h-table and JIT-compiled kernels (seconds);
+    # doing it off the task path keeps it out of the first prompt's time limit.
+    import beacon
+
+    try:
+        _prepare(canonical_json(beacon.BeaconConfig().to_dict()),
+                 JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                         beacon.BeaconConfig()))
+    except Exception:  # a warm-up failure only costs time later
+        log.debug("warm-up failed", exc_info=True)
+
+
+@signals.worker_process_init.connect  # type: ignore[untyped-decorator]
+def _init_process(**_: Any) -> None:
+    # A forked child must not reuse the parent's loop, sockets or sessions.
+    global _store, _cache
+    _store, _cache = None, None
+    _executors.clear()
+    get_loop()
+    if os.environ.get("BEACON_WARMUP", "1") != "0":
+        # In a thread: the pool waits only a few seconds for a new child to report "up".
+        threading.Thread(target=_warm_up, name="beacon-warmup", daemon=True).start()
+
+
+@signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _shutdown_process(**_: Any) -> None:
+    global _proc_loop
+    pl, cache = _proc_loop, _cache
+    if pl is None or pl.pid != os.getpid():
+        return
+    if cache is not None:
+        try:
+            pl.submit(cache.aclose()).result(timeout=10)
+        except Exception:  # best effort: the process is exiting
+            log.warning("closing generators/scorers failed", exc_info=True)
+    pl.stop()
+    _proc_loop = None
+
+
+# -- the task -------------------------------------------------------------------------------------
+_specs: OrderedDict[str, JobSpec] = OrderedDict()
+
+
+def _job_spec(job_id: str, spec: str | dict[str, Any]) -> JobSpec:
+    """The job spec a message names: a reference (fetched from the store once per process and
+    checked against its hash) or, from older submitters, the spec itself."""
+    k = spec if isinstance(spec, str) else canonical_json(spec)
+    with _lock:
+        job = _specs.get(k)
+        if job is not None:
+            _specs.move_to_end(k)
+            return job
+    data = get_store().spec(job_id, spec) if isinstance(spec, str) else spec
+    job = JobSpec.from_dict(data)
+    with _lock:
+        _specs[k] = job
+        while len(_specs) > 64:
+            _specs.popitem(last=False)
+    return job
+
+
+def _partial_outcome(key: str, record: PromptRecord, events: list[BeaconEvent],
+                     exc: BaseException) -> Outcome:
+    """The best sample an observer saw before the backstop time limit hit."""
+    samples = [e for e in events if isinstance(e, SampleEvent) and not e.failed
+               and e.reward is not None and math.isfinite(e.reward)]
+    if not samples:
+        why = TimeoutError(f"task time limit ({settings.celery_soft_time_limit:g} s) hit before "
+                           f"any sample was scored ({type(exc).__name__})")
+        return Outcome(key, error_record(key, record, why), None)
+    best = max(samples, key=lambda e: (e.reward, -e.index))
+    return Outcome(key, {
+        "key": key, "id": record.id, "line": record.line, "ok": True, "best": best.text,
+        "reward": best.reward, "best_index": best.index, "n_samples": len(samples),
+        "n_failed": sum(1 for e in events if isinstance(e, SampleEvent) and e.failed),
+        "stop_reason": "budget", "usage": None,
+        "error": {"type": type(exc).__name__,
+                  "message": "task time limit hit; partial result (best sample so far)"},
+    }, None)
+
+
+@app.task(  # type: ignore[untyped-decorator]
+    bind=True,
+    name="beacon.run_prompt",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    autoretry_for=TRANSIENT_ERRORS,
+    retry_backoff=True,
+    retry_backoff_max=int(settings.retry_backoff_max),
+    retry_jitter=True,
+    max_retries=settings.task_max_retries,
+)
+def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: int | None,
+               spec: str | dict[str, Any]) -> str:
+    """Run BEACON on one prompt of job ``job_id`` and store the outcome under ``key``.
+
+    Returns ``"ok"``, ``"failed"`` (an error record was stored) or ``"duplicate"`` (a result
+    already existed; nothing was run).
+    """
+    store = get_store()
+    if store.has_result(job_id, key):
+        return "duplicate"
+    rec: PromptRecord | None = None
+    try:
+        job = _job_spec(job_id, spec)
+        rec = PromptRecord.from_dict(record, line=line)
+        if prompt_key(rec, job) != key:
+            raise JobInputError("key", key, "does not match the prompt and job spec (the "
+                                            "message was altered or built by another version)")
+    except (JobInputError, ValueError, TypeError) as exc:
+        store.store_error(job_id, key, {"record": error_record(key, rec, exc, line=line)})
+        return "failed"
+    events: list[BeaconEvent] = []
+    fut: concurrent.futures.Future[Outcome] | None = None
+    try:
+        executor = _executor(job)
+        fut = get_loop().submit(
+            executor.run(rec, key, max_seconds=settings.soft_time_limit,
+                         observers=[events.append])
+        )
+        outcome = fut.result()
+    except SoftTimeLimitExceeded as exc:
+        # The backstop fired (the engine's own deadline did not end the query in time, or
+        # loading tables took that long): keep the best sample seen, or record the failure.
+        if fut is not None:
+            fut.cancel()
+            with contextlib.suppress(BaseException):  # we only wait for the cancellation
+                fut.result(timeout=5)
+        outcome = _partial_outcome(key, rec, events, exc)
+    except TRANSIENT_ERRORS:
+        raise  # autoretry with backoff and jitter
+    except Exception as exc:
+        # A bug or an unexpected failure: with acks_late the message is acknowledged anyway,
+        # so record it, or the prompt would stay "pending" forever.
+        log.exception("prompt %r of job %s failed", rec.id, job_id)
+        outcome = Outcome(key, error_record(key, rec, exc), None)
+    if outcome.ok:
+        store.store_result(job_id, key, outcome.to_payload())
+        return "ok"
+    store.store_error(job_id, key, outcome.to_payload())
+    return "failed"
+
+
+# -- submission ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SubmitResult:
+    """``enqueued``: tasks sent now; ``already``: prompts with a stored outcome (not resent);
+    ``bad_lines``: input lines recorded as errors at submission; ``total``: the job's prompts."""
+
+    job_id: str
+    total: int
+    enqueued: int
+    already: int
+    bad_lines: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "total": self.total, "enqueued": self.enqueued,
+                "already": self.already, "bad_lines": self.bad_lines}
+
+
+def submit_job(
+    items: Iterable[PromptRecord | LineError],
+    spec: JobSpec,
+    *,
+    job_id: str | None = None,
+    input_digest: str | None = None,
+    source: str = "",
+    retry_failed: bool = False,
+    chunk: int = 500,
+    store: JobStore | None = None,
+    queue: str | None = None,
+) -> SubmitResult:
+    """Register the prompts of a job and send one task per prompt (groups of ``chunk``).
+
+    Submitting the same job again (same ``job_id``, or the same spec and ``input_digest``)
+    sends only prompts without an outcome yet (and failed ones when ``retry_failed``): use it to
+    resume after a broker was lost. Bad input lines are stored as errors right away.
+    """
+    if job_id is None:
+        if input_digest is None:
+            raise JobInputError("job_id", None, "give a job id or the input's digest")
+        job_id = job_fingerprint(spec, input_digest)
+    st = store or get_store()
+    spec_ref = st.create(job_id, spec.to_dict(), source=source)
+    enqueued = already = bad = 0
+    batch: list[tuple[str, dict[str, Any], int | None]] = []
+
+    def flush() -> None:
+        nonlocal enqueued, already
+        if not batch:
+            return
+        st.add_prompts(job_id, [(k, {"record": r, "line": ln}) for k, r, ln in batch])
+        flags = st.outcome_flags(job_id, [k for k, _, _ in batch])
+        sigs = []
+        for (k, r, ln), (has_res, has_err) in zip(batch, flags, strict=True):
+            if has_res or (has_err and not retry_failed):
+                already += 1
+                continue
+            sigs.append(run_prompt.s(job_id, k, r, ln, spec_ref).set(queue=queue or settings.queue))
+        if sigs:
+            group(sigs).apply_async()
+            enqueued += len(sigs)
+        batch.clear()
+
+    seen: set[str] = set()
+    for item in items:
+        if isinstance(item, LineError):
+            k = line_error_key(item.raw, spec)
+            if k not in seen:
+                seen.add(k)
+                st.add_prompts(job_id, [(k, {"bad_line": item.raw, "line": item.line})])
+                st.store_error(job_id, k, {"record": line_error_record(k, item)})
+                bad += 1
+            continue
+        k = prompt_key(item, spec)
+        if k in seen:
+            continue
+        seen.add(k)
+        batch.append((k, item.to_dict(), item.line))
+        if len(batch) >= chunk:
+            flush()
+    flush()
+    total = st.status(job_id).total
+    return SubmitResult(job_id, total, enqueued, already, bad)
