@@ -12,6 +12,11 @@ decisions draw 1 sample, or min(batch_size, n - k) in batch mode (paper §"Paral
 the posterior is updated with the whole batch and the rule is applied at batch boundaries). The
 Stopper always stops at the horizon n. Rewards of a pending draw may be observed one at a time;
 a drawn sample that failed is released with :meth:`discard` and is never a reward.
+
+Speed: the family's step functions are bound to the config once (:meth:`RewardFamily.bind`), one
+float reward takes a short path through :meth:`Stopper.observe`, and trace records are stored as
+raw tuples and turned into :class:`TraceRecord` objects only when :attr:`Stopper.trace` is read
+(states are immutable, so the record holds the same values either way).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, NamedTuple
 from beacon.config import BeaconConfig
 from beacon.errors import RewardError, StopperStateError
 from beacon.families import get_family
+from beacon.families.base import DecisionTuple
 
 __all__ = ["STOP_REASONS", "Draw", "Stop", "Stopper", "TraceRecord"]
 
@@ -82,21 +88,44 @@ class TraceRecord(NamedTuple):
 # Draw objects are immutable: reuse the common ones instead of allocating one per decision.
 _DRAWS = {n: Draw(n) for n in range(1, 65)}
 
+# A decision as stored until the trace is read: (state, zhat, h, threshold, decision, count, reason)
+_RawRecord = tuple[Any, float, float, float, str, int, "str | None"]
+
+
+def _draw_of(count: int) -> Draw:
+    d = _DRAWS.get(count)
+    return d if d is not None else Draw(count)
+
+
+def _to_record(raw: _RawRecord) -> TraceRecord:
+    st, zhat, h, threshold, decision, count, reason = raw
+    return TraceRecord(
+        int(st.k), float(st.z), float(st.mu), float(st.sigma), zhat, h, threshold,
+        decision, count, reason,
+    )  # fmt: skip
+
 
 class Stopper:
     """Sequential (or batched) optimal stopping for one query under ``cfg``."""
 
     __slots__ = (
+        "_batch",
         "_best_index",
         "_best_raw",
         "_cfg",
+        "_decide",
         "_family",
+        "_horizon",
+        "_k0",
         "_n_obs",
         "_pending",
+        "_raw_trace",
         "_state",
         "_stop",
         "_trace",
         "_transform",
+        "_update",
+        "_validate",
     )
 
     def __init__(self, cfg: BeaconConfig) -> None:
@@ -104,11 +133,14 @@ class Stopper:
             raise TypeError(f"cfg must be a BeaconConfig, got {type(cfg).__name__}")
         self._cfg = cfg
         self._family = get_family(cfg.family)
+        self._validate, self._update, self._decide = self._family.bind(cfg)
+        self._k0, self._horizon, self._batch = cfg.k0, cfg.horizon, cfg.batch_size
         self._transform = cfg.transform
         self._state: Any = self._family.initial_state(cfg)
         self._pending = 0
         self._stop: Stop | None = None
-        self._trace: list[TraceRecord] = []
+        self._trace: list[TraceRecord] = []  # records built so far
+        self._raw_trace: list[_RawRecord] = []  # decisions not yet turned into records
         self._n_obs = 0
         self._best_index = -1
         self._best_raw = -math.inf
@@ -126,6 +158,9 @@ class Stopper:
     @property
     def trace(self) -> list[TraceRecord]:
         """One record per decision, in order (a copy)."""
+        if self._raw_trace:
+            self._trace.extend(map(_to_record, self._raw_trace))
+            self._raw_trace.clear()
         return list(self._trace)
 
     @property
@@ -157,47 +192,33 @@ class Stopper:
         if self._stop is not None:
             return self._stop
         if self._pending:
-            return Draw(self._pending)
-        cfg, st = self._cfg, self._state
+            return _draw_of(self._pending)
+        st = self._state
         k = int(st.k)
-        if k < cfg.k0:
-            return self._draw(cfg.k0 - k, st)
-        if k >= cfg.horizon:
+        if k < self._k0:
+            return self._draw(self._k0 - k, st)
+        if k >= self._horizon:
             return self._halt("horizon", st)
-        d = self._family.decide(st, cfg)
-        if not d.cont:
-            return self._halt(d.reason or "index", st, d.zhat, d.h, d.threshold)
-        count = min(cfg.batch_size, cfg.horizon - k)
-        return self._draw(count, st, d.zhat, d.h, d.threshold)
+        d: DecisionTuple = self._decide(st)
+        cont, reason, zhat, h, threshold = d
+        if not cont:
+            return self._halt(reason or "index", st, zhat, h, threshold)
+        count = min(self._batch, self._horizon - k)
+        return self._draw(count, st, zhat, h, threshold)
 
     def observe(self, reward: float | Iterable[float]) -> None:
         """Feed the reward(s) of pending samples, in the order they were drawn."""
-        if self._stop is not None:
-            raise StopperStateError(f"observe after Stop({self._stop.reason!r})")
-        rewards = [reward] if isinstance(reward, int | float) else list(reward)
-        if not rewards:
-            return
-        if len(rewards) > self._pending:
-            raise StopperStateError(
-                f"observe of {len(rewards)} reward(s) but only {self._pending} drawn and pending"
-                " (call next_decision() first)"
-            )
-        fam, cfg, tr = self._family, self._cfg, self._transform
-        st = self._state
-        for r in rewards:
+        if type(reward) is float and self._pending:  # one reward of a pending draw: short path
             pos = self._n_obs
-            try:
-                raw = float(r)
-            except (TypeError, ValueError) as exc:
-                raise RewardError(pos, r, "rewards must be real numbers") from exc
-            raw = fam.validate_reward(raw, pos)
-            x = raw if tr is None else tr.apply_scalar(raw, pos)
-            st = fam.update(st, x, cfg)
+            raw = self._validate(reward, pos)
+            tr = self._transform
+            self._state = self._update(self._state, raw if tr is None else tr.apply_scalar(raw, pos))
             if raw > self._best_raw:
                 self._best_raw, self._best_index = raw, pos
-            self._n_obs += 1
+            self._n_obs = pos + 1
             self._pending -= 1
-        self._state = st
+            return
+        self._observe_many(reward)
 
     def discard(self, count: int = 1) -> None:
         """Release ``count`` pending samples that failed (they are not rewards)."""
@@ -216,6 +237,34 @@ class Stopper:
         return self._stop
 
     # -- internals -----------------------------------------------------------------------------
+    def _observe_many(self, reward: float | Iterable[float]) -> None:
+        """:meth:`observe` for any input: validates, then updates in order (state set at the end)."""
+        if self._stop is not None:
+            raise StopperStateError(f"observe after Stop({self._stop.reason!r})")
+        rewards = [reward] if isinstance(reward, int | float) else list(reward)
+        if not rewards:
+            return
+        if len(rewards) > self._pending:
+            raise StopperStateError(
+                f"observe of {len(rewards)} reward(s) but only {self._pending} drawn and pending"
+                " (call next_decision() first)"
+            )
+        validate, update, tr = self._validate, self._update, self._transform
+        st = self._state
+        for r in rewards:
+            pos = self._n_obs
+            try:
+                raw = float(r)
+            except (TypeError, ValueError) as exc:
+                raise RewardError(pos, r, "rewards must be real numbers") from exc
+            raw = validate(raw, pos)
+            st = update(st, raw if tr is None else tr.apply_scalar(raw, pos))
+            if raw > self._best_raw:
+                self._best_raw, self._best_index = raw, pos
+            self._n_obs += 1
+            self._pending -= 1
+        self._state = st
+
     def _draw(
         self,
         count: int,
@@ -225,9 +274,8 @@ class Stopper:
         threshold: float = math.nan,
     ) -> Draw:
         self._pending = count
-        self._record(st, zhat, h, threshold, "draw", count, None)
-        d = _DRAWS.get(count)
-        return d if d is not None else Draw(count)
+        self._raw_trace.append((st, zhat, h, threshold, "draw", count, None))
+        return _draw_of(count)
 
     def _halt(
         self,
@@ -238,22 +286,5 @@ class Stopper:
         threshold: float = math.nan,
     ) -> Stop:
         self._stop = Stop(reason)
-        self._record(st, zhat, h, threshold, "stop", 0, reason)
+        self._raw_trace.append((st, zhat, h, threshold, "stop", 0, reason))
         return self._stop
-
-    def _record(
-        self,
-        st: Any,
-        zhat: float,
-        h: float,
-        threshold: float,
-        decision: str,
-        count: int,
-        reason: str | None,
-    ) -> None:
-        self._trace.append(
-            TraceRecord(
-                int(st.k), float(st.z), float(st.mu), float(st.sigma), zhat, h, threshold,
-                decision, count, reason,
-            )
-        )  # fmt: skip

@@ -4,6 +4,7 @@ the way ``.ci/run`` starts it."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -268,7 +269,10 @@ def test_sigkilled_worker_loses_nothing_and_duplicates_nothing(tier: SimpleNames
     assert at_kill.pending > 0, "the job finished before the kill; nothing was tested"
     stranded = _unacked_in(queue)
     assert stranded >= 1  # messages the dead worker held, acked by nobody
-    b = Worker(queue, tmp_path / "b.log", env=limits, via_cli=True)
+    # The kill may also land between Redis's pop and kombu's unacked bookkeeping, which loses
+    # that message in the broker; the new worker's sweeper must find and resend it.
+    b = Worker(queue, tmp_path / "b.log", via_cli=True,
+               env={**limits, "BEACON_SWEEP_INTERVAL": "2", "BEACON_SWEEP_GRACE": "1"})
     try:
         st = _wait(tier.store, res.job_id, 120, worker=b)
     finally:
@@ -280,6 +284,82 @@ def test_sigkilled_worker_loses_nothing_and_duplicates_nothing(tier: SimpleNames
     lines = out.read_text().splitlines()
     ids = Counter(json.loads(x)["id"] for x in lines)
     assert len(lines) == n and set(ids) == set(range(n)) and max(ids.values()) == 1
+
+
+# -- a message the broker lost (popped by a worker that died before recording it) is resent --
+def _queued(queue: str) -> int:
+    import redis
+
+    return int(redis.Redis.from_url(REDIS_URL).llen(queue))
+
+
+def test_lost_messages_are_found_and_resent_exactly_once(tier: SimpleNamespace,
+                                                         tmp_path: Path) -> None:
+    import redis
+    from typer.testing import CliRunner
+
+    from beacon.cli import app as cli
+    from worker.recovery import in_broker, requeue_lost
+    from worker.tasks import resend
+
+    queue = f"{PREFIX}-lost"
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:verifier"),
+                   beacon.BeaconConfig(family="bernoulli", cost=0.02, horizon=8))
+    n = 12
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"What is {i} times 3?",
+                                           "reference": str(3 * i)}) + "\n" for i in range(n)))
+    res = tier.submit(iter_prompt_file(prompts), spec, input_digest=_digest(prompts),
+                      source=str(prompts), queue=queue)
+    r = redis.Redis.from_url(REDIS_URL)
+    assert _queued(queue) == n
+    # What a dying worker does to the broker: one message popped and never recorded (lost),
+    # one popped and recorded as unacknowledged (held; the visibility timeout restores it).
+    lost_raw = r.rpop(queue)
+    held_raw = r.rpop(queue)
+    r.hset("unacked", f"{PREFIX}-tag", json.dumps([json.loads(held_raw), "", queue]))
+    try:
+        keys = in_broker(r, res.job_id, [queue])
+        assert len(keys) == n - 1  # the held message counts as present
+        sent: list[list[str]] = []
+
+        def send(job_id: str, items: list[tuple[str, dict[str, Any]]], q: str) -> None:
+            sent.append([k for k, _ in items])
+            resend(job_id, items, q, store=tier.store)
+
+        # Messages sent moments ago are left alone: a submission may still be sending.
+        fresh = requeue_lost(tier.store, res.job_id, broker_url=REDIS_URL, send=send,
+                             grace=3600.0, settle=0.0)
+        assert (fresh.lost, sent) == (0, []) and fresh.skipped
+        rq = requeue_lost(tier.store, res.job_id, broker_url=REDIS_URL, send=send,
+                          grace=0.0, settle=0.2)
+        assert (rq.pending, rq.lost) == (n, 1) and len(sent) == 1
+        (lost_key,) = sent[0]
+        msg = json.loads(lost_raw)
+        assert json.loads(base64.b64decode(msg["body"]))[0][1] == lost_key  # that very prompt
+        assert _queued(queue) == n - 1  # the resent one is back; the held one is not doubled
+        again = requeue_lost(tier.store, res.job_id, broker_url=REDIS_URL, send=send,
+                             grace=0.0, settle=0.2)
+        assert again.lost == 0 and len(sent) == 1
+        # The CLI does the same (nothing lost now) and reports it.
+        out = CliRunner().invoke(cli, ["status", res.job_id, "--requeue-lost", "--json"])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.output)["requeue"]["lost"] == 0
+    finally:
+        r.hdel("unacked", f"{PREFIX}-tag")
+    r.lpush(queue, held_raw)  # as the visibility-timeout restore would
+    assert r.rpop(queue) is not None  # and lose one more: the worker's own sweeper must find it
+    w = Worker(queue, tmp_path / "w.log",
+               env={**_limits(5, 8, 20), "BEACON_SWEEP_INTERVAL": "1", "BEACON_SWEEP_GRACE": "0"})
+    try:
+        st = _wait(tier.store, res.job_id, 90, worker=w)
+    finally:
+        w.stop()
+    assert (st.done, st.failed) == (n, 0)
+    out_file = tmp_path / "out.jsonl"
+    tier.collect(tier.store, res.job_id, out_file)
+    ids = Counter(json.loads(x)["id"] for x in out_file.read_text().splitlines())
+    assert set(ids) == set(range(n)) and max(ids.values()) == 1
 
 
 # -- time limit keeps the partial result; a disallowed job-level factory fails every prompt --

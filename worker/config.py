@@ -22,6 +22,10 @@ BEACON_TASK_MAX_RETRIES        task-level retries of transient errors (5)
 BEACON_RETRY_BACKOFF_MAX       cap of the task retry backoff, seconds (120)
 BEACON_JOB_TTL                 seconds job state is kept in Redis after the last write (7 days)
 BEACON_ENGINE_CONCURRENCY      concurrent model/scorer calls per worker process (64)
+BEACON_SWEEP_INTERVAL          seconds between a worker's checks for prompt messages the broker
+                               lost (:mod:`worker.recovery`); 0 turns the check off (60)
+BEACON_SWEEP_GRACE             a job is checked only when its last tasks were sent at least
+                               this many seconds ago (60)
 =============================  ==============================================================
 """
 
@@ -76,6 +80,8 @@ class WorkerSettings:
     retry_backoff_max: float = 120.0
     job_ttl: int = 7 * 24 * 3600
     engine_concurrency: int = 64
+    sweep_interval: float = 60.0
+    sweep_grace: float = 60.0
 
     def __post_init__(self) -> None:
         if self.soft_time_limit <= 0:
@@ -131,4 +137,6 @@ class WorkerSettings:
             job_ttl=_num(e, "BEACON_JOB_TTL", 7 * 24 * 3600, integer=True, minimum=60),
             engine_concurrency=_num(e, "BEACON_ENGINE_CONCURRENCY", 64, integer=True,
                                     minimum=1),
+            sweep_interval=_num(e, "BEACON_SWEEP_INTERVAL", 60.0),
+            sweep_grace=_num(e, "BEACON_SWEEP_GRACE", 60.0),
         )

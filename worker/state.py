@@ -3,10 +3,13 @@
 Keys (``P`` = ``BEACON_KEY_PREFIX``, ``J`` = job id), all expiring ``BEACON_JOB_TTL`` after the
 last write:
 
-* ``P:job:J:meta``    hash: ``spec`` (JSON), ``total``, ``source``, ``created``, ``submitted``
+* ``P:job:J:meta``    hash: ``spec`` (JSON), ``total``, ``source``, ``created``, ``queue`` (where
+  its tasks go), ``sent`` (when tasks were last sent; see :mod:`worker.recovery`)
 * ``P:job:J:prompts`` hash: prompt key -> ``{"record": ..., "line": n}`` (what to resubmit)
 * ``P:job:J:results`` hash: prompt key -> ``{"record": output line, "dpo": DPO line | null}``
 * ``P:job:J:errors``  hash: prompt key -> ``{"record": error line}`` (failed prompts, bad lines)
+* ``P:jobs``          set of job ids that may still have pending prompts (what the lost-message
+  sweeper of :mod:`worker.recovery` visits; a job leaves it once finished)
 
 Writes are idempotent: a result is stored with ``HSETNX`` (the first delivery wins; a redelivered
 or retried task finds it and does nothing) and removes the key from ``errors`` in the same Lua
@@ -124,8 +127,37 @@ class JobStore:
                                  "source": source})
         pipe.hsetnx(meta, "total", 0)
         pipe.expire(meta, self.ttl)
+        pipe.sadd(self._jobs_key, job_id)
         pipe.execute()
         return ref
+
+    @property
+    def _jobs_key(self) -> str:
+        return f"{self.prefix}:jobs"
+
+    def meta(self, job_id: str) -> dict[str, str]:
+        """The job's meta hash, decoded (raises :class:`UnknownJobError` if there is none)."""
+        raw = self.r.hgetall(self._k(job_id, "meta"))
+        if not raw:
+            raise UnknownJobError(job_id)
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def mark_sent(self, job_id: str, queue: str) -> None:
+        """Record that tasks of the job were just sent to ``queue``."""
+        meta = self._k(job_id, "meta")
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(meta, mapping={"queue": queue, "sent": repr(time.time())})
+        pipe.expire(meta, self.ttl)
+        pipe.sadd(self._jobs_key, job_id)
+        pipe.execute()
+
+    def active_jobs(self) -> list[str]:
+        """Ids of jobs that may still have pending prompts."""
+        return sorted(x.decode() for x in self.r.smembers(self._jobs_key))
+
+    def retire(self, job_id: str) -> None:
+        """Take a finished (or expired) job off the sweeper's list."""
+        self.r.srem(self._jobs_key, job_id)
 
     def add_prompts(self, job_id: str, items: Iterable[tuple[str, dict[str, Any]]]) -> int:
         """Register prompts (key -> payload); returns how many keys were new to the job."""
@@ -229,6 +261,7 @@ class JobStore:
             yield from flush()
 
     def purge(self, job_id: str) -> int:
+        self.retire(job_id)
         return int(self.r.delete(*(self._k(job_id, p)
                                    for p in ("meta", "prompts", "results", "errors"))))
 

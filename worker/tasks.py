@@ -65,7 +65,7 @@ from beacon.jobs.spec import (
 from worker.app import app, settings
 from worker.state import JobStore
 
-__all__ = ["SubmitResult", "get_loop", "run_prompt", "submit_job"]
+__all__ = ["SubmitResult", "get_loop", "resend", "run_prompt", "submit_job"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -316,6 +316,34 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
     return "failed"
 
 
+def resend(job_id: str, items: list[tuple[str, dict[str, Any]]], queue: str,
+           *, store: JobStore | None = None) -> None:
+    """Send the tasks of registered prompts (``(key, {"record", "line"})``) again."""
+    st = store or get_store()
+    ref = st.spec_ref(st.spec(job_id))
+    for i in range(0, len(items), 500):
+        group(run_prompt.s(job_id, k, p["record"], p.get("line"), ref).set(queue=queue)
+              for k, p in items[i:i + 500]).apply_async()
+
+
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]
+def _start_sweeper(**_: Any) -> None:
+    # In the worker's main process: periodically resend prompts whose message the broker lost
+    # (a worker killed between Redis's pop and kombu's unacked bookkeeping; worker.recovery).
+    global _sweeper
+    if settings.sweep_interval <= 0 or not settings.broker_url.startswith(
+            ("redis://", "rediss://", "unix://")):
+        return
+    from worker.recovery import Sweeper
+
+    _sweeper = Sweeper(JobStore.from_settings(settings), broker_url=settings.broker_url,
+                       interval=settings.sweep_interval, grace=settings.sweep_grace,
+                       send=resend).start()
+
+
+_sweeper: Any = None
+
+
 # -- submission ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SubmitResult:
@@ -364,6 +392,9 @@ def submit_job(
         nonlocal enqueued, already
         if not batch:
             return
+        # Stamped before registering too: the lost-message sweeper leaves alone a job whose
+        # prompts are registered but whose messages are still being sent (worker.recovery).
+        st.mark_sent(job_id, queue or settings.queue)
         st.add_prompts(job_id, [(k, {"record": r, "line": ln}) for k, r, ln in batch])
         flags = st.outcome_flags(job_id, [k for k, _, _ in batch])
         sigs = []
@@ -374,6 +405,7 @@ def submit_job(
             sigs.append(run_prompt.s(job_id, k, r, ln, spec_ref).set(queue=queue or settings.queue))
         if sigs:
             group(sigs).apply_async()
+            st.mark_sent(job_id, queue or settings.queue)
             enqueued += len(sigs)
         batch.clear()
 

@@ -662,19 +662,56 @@ def submit_command(
 @guarded
 def status_command(
     job: Annotated[str, typer.Argument(metavar="JOB", help="Job id printed by submit.")],
+    requeue_lost: Annotated[
+        bool,
+        typer.Option(
+            "--requeue-lost",
+            help="Find pending prompts whose task message the broker lost (a worker killed "
+            "at the wrong moment; Redis broker) and send them again. Workers also do this "
+            "every BEACON_SWEEP_INTERVAL seconds.",
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="With --requeue-lost: resend every pending prompt without inspecting the "
+            "broker (any broker; results stay exactly-once, duplicates cost a run).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a job's done / failed / pending counts."""
+    """Show a job's done / failed / pending counts (and optionally resend lost prompts)."""
+    if force and not requeue_lost:
+        usage_error("--force only goes with --requeue-lost", "--force")
     store = _store()
     st = _status_or_exit(store, job)
+    payload: dict[str, Any] = st.to_dict()
+    if requeue_lost:
+        from worker.app import settings
+        from worker.recovery import BrokerInspectionError
+        from worker.recovery import requeue_lost as find_and_resend
+        from worker.tasks import resend
+
+        try:
+            rq = find_and_resend(
+                store, job, broker_url=settings.broker_url, grace=0.0, force=force,
+                send=lambda j, items, q: resend(j, items, q, store=store))
+        except BrokerInspectionError as exc:
+            fail(str(exc))
+        payload["requeue"] = rq.to_dict()
     if as_json:
-        typer.echo(json.dumps(st.to_dict(), indent=2))
+        typer.echo(json.dumps(payload, indent=2))
         return
     out_console.print(
         f"job {job}: {st.total} prompts, {st.done} done, {st.failed} failed, "
         f"{st.pending} pending ({st.source})",
         markup=False,
     )
+    if requeue_lost:
+        rq = payload["requeue"]
+        out_console.print(f"job {job}: {rq['lost']} lost prompt message(s) sent again"
+                          + (f" ({rq['skipped']})" if rq["skipped"] else ""), markup=False)
 
 
 @guarded

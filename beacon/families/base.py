@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     from beacon.config import BeaconConfig
     from beacon.priors import Prior
 
-__all__ = ["Decision", "RewardFamily"]
+__all__ = ["BoundFamily", "Decision", "DecisionTuple", "RewardFamily"]
 
 
 class Decision(NamedTuple):
@@ -27,6 +28,25 @@ class Decision(NamedTuple):
     zhat: float
     h: float
     threshold: float
+
+
+DecisionTuple = tuple[bool, str | None, float, float, float]
+"""The fields of a :class:`Decision` as a plain tuple (what :attr:`BoundFamily.decide` may return)."""
+
+
+class BoundFamily(NamedTuple):
+    """A family's step functions for one config, everything that depends only on it resolved once.
+
+    The Stopper calls these on every reward and decision, so they take no ``cfg`` argument:
+    ``validate(reward, position)`` is :meth:`RewardFamily.validate_reward`, ``update(state,
+    reward)`` and ``decide(state)`` equal ``family.update(state, reward, cfg)`` and
+    ``family.decide(state, cfg)`` value for value (``decide`` may return a plain tuple with the
+    fields of :class:`Decision`).
+    """
+
+    validate: Callable[[float, int], float]
+    update: Callable[[Any, float], Any]
+    decide: Callable[[Any], DecisionTuple]
 
 
 class RewardFamily(ABC):
@@ -68,3 +88,24 @@ class RewardFamily(ABC):
     @abstractmethod
     def decide(self, state: Any, cfg: BeaconConfig) -> Decision:
         """Continue or stop at ``state`` (called only for k0 <= k < n)."""
+
+    def bind(self, cfg: BeaconConfig) -> BoundFamily:
+        """The step functions of this family for ``cfg`` (what the Stopper calls).
+
+        The default wraps :meth:`validate_reward`, :meth:`update` and :meth:`decide`; built-in
+        families return precomputed kernels with the same values, and fall back to this when a
+        subclass overrides their ``update`` or ``decide``.
+        """
+
+        def update(state: Any, reward: float) -> Any:
+            return self.update(state, reward, cfg)
+
+        def decide(state: Any) -> DecisionTuple:
+            return self.decide(state, cfg)
+
+        return BoundFamily(self.validate_reward, update, decide)
+
+    def _overrides(self, base: type[RewardFamily], *names: str) -> bool:
+        """Whether this object's class replaces any of ``names`` defined on ``base``."""
+        cls = type(self)
+        return any(getattr(cls, n) is not getattr(base, n) for n in names)

@@ -1,0 +1,216 @@
+"""Find prompt tasks the broker lost and send them again.
+
+Why this exists. With the Redis broker, kombu takes a message off the queue list (``BRPOP``)
+and only afterwards records it as unacknowledged (``ZADD``/``HSET`` on ``unacked``). A worker
+killed between the two, or killed while a popped reply still sits unread in its socket, loses
+that message: it is in neither the queue nor the unacked hash, so neither ``acks_late`` nor the
+visibility timeout can bring it back (the same window exists while a restore moves a message
+from ``unacked`` back to its queue). The job state, however, knows every prompt of every job:
+a prompt that has no outcome and whose message is nowhere in the broker was lost.
+
+The check is conservative. A message moving between the queue and the unacked hash is in
+neither for a few milliseconds, so the broker is scanned twice, ``settle`` seconds apart, and
+only prompts missing from both scans and still pending after the second are resent; jobs that
+sent messages in the last ``grace`` seconds are skipped (a submission may be between
+registering its prompts and sending them). A false positive costs one duplicate run, never a
+duplicate result: tasks are idempotent and the first stored result wins (:mod:`worker.state`).
+
+Only a Redis broker can be inspected this way. AMQP brokers keep unacknowledged messages
+themselves and redeliver them when a consumer's connection drops, so this loss cannot happen
+there; :func:`requeue_lost` refuses other brokers unless ``force`` resends every pending prompt.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker.state import JobStore, UnknownJobError
+
+__all__ = ["BrokerInspectionError", "RequeueResult", "Sweeper", "in_broker", "requeue_lost"]
+
+log = logging.getLogger(__name__)
+
+TASK_NAME = "beacon.run_prompt"
+_PRIORITY_SEP = "\x06\x16"  # kombu's separator of a queue's priority sub-lists
+_UNACKED = "unacked"  # kombu's default ``unacked_key``
+
+
+class BrokerInspectionError(RuntimeError):
+    """The broker cannot be inspected for lost messages (not Redis)."""
+
+
+@dataclass(frozen=True)
+class RequeueResult:
+    """``pending``: prompts without an outcome; ``lost``: of those, found nowhere in the broker
+    (and resent); ``skipped``: why nothing was checked (``""`` when the check ran)."""
+
+    job_id: str
+    pending: int
+    lost: int
+    skipped: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "pending": self.pending, "lost": self.lost,
+                "skipped": self.skipped}
+
+
+def _is_redis(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "unix://"))
+
+
+def _task_args(raw: bytes | str) -> list[Any] | None:
+    """The positional arguments of a ``beacon.run_prompt`` message, or None for others."""
+    try:
+        msg = json.loads(raw)
+        if isinstance(msg, list):  # unacked entries are [message, exchange, routing_key]
+            msg = msg[0]
+        if msg.get("headers", {}).get("task") != TASK_NAME:
+            return None
+        body = msg["body"]
+        if msg.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None  # not a message this tier wrote (JSON-only; anything else is not ours)
+    return args if isinstance(args, list) and len(args) >= 2 else None
+
+
+def _queue_lists(r: Any, queue: str) -> Iterator[str]:
+    yield queue
+    for k in r.scan_iter(match=f"{queue}{_PRIORITY_SEP}*", count=500):
+        yield k.decode() if isinstance(k, bytes) else str(k)
+
+
+def in_broker(r: Any, job_id: str, queues: Iterable[str]) -> set[str]:
+    """Prompt keys of ``job_id`` with a message waiting in ``queues`` or held unacknowledged."""
+    found: set[str] = set()
+
+    def take(raw: bytes | str) -> None:
+        args = _task_args(raw)
+        if args is not None and args[0] == job_id:
+            found.add(str(args[1]))
+
+    for q in queues:
+        for name in _queue_lists(r, q):
+            start = 0
+            while True:  # in pages: a queue may hold hundreds of thousands of messages
+                page = r.lrange(name, start, start + 999)
+                for raw in page:
+                    take(raw)
+                if len(page) < 1000:
+                    break
+                start += 1000
+    for _tag, raw in r.hscan_iter(_UNACKED, count=500):
+        take(raw)
+    return found
+
+
+def requeue_lost(
+    store: JobStore,
+    job_id: str,
+    *,
+    broker_url: str,
+    send: Callable[[str, list[tuple[str, dict[str, Any]]], str], None],
+    grace: float = 60.0,
+    settle: float = 2.0,
+    force: bool = False,
+) -> RequeueResult:
+    """Resend the prompts of ``job_id`` that have no outcome and no message in the broker.
+
+    ``send(job_id, [(key, payload)], queue)`` sends the tasks (:func:`worker.tasks.resend`).
+    ``force`` skips the broker inspection and the grace period and resends every pending
+    prompt (for brokers that cannot be inspected; duplicates are harmless but cost a run).
+    """
+    meta = store.meta(job_id)
+    queue = meta.get("queue", "")
+    pending = dict(store.unfinished(job_id))
+    if not pending:
+        return RequeueResult(job_id, 0, 0, "finished")
+    if not queue:
+        return RequeueResult(job_id, len(pending), 0, "job has no recorded queue")
+    if force:
+        send(job_id, sorted(pending.items()), queue)
+        store.mark_sent(job_id, queue)
+        return RequeueResult(job_id, len(pending), len(pending))
+    if not _is_redis(broker_url):
+        raise BrokerInspectionError(
+            f"broker {broker_url.split('@')[-1]!r} is not Redis: lost messages can only be "
+            "found on a Redis broker (AMQP brokers redeliver unacknowledged messages "
+            "themselves); use force to resend every pending prompt")
+    age = time.time() - float(meta.get("sent", 0.0))
+    if age < grace:
+        return RequeueResult(job_id, len(pending), 0, f"messages sent {age:.0f} s ago")
+    r = redis.Redis.from_url(broker_url)
+    try:
+        seen = in_broker(r, job_id, [queue])
+        time.sleep(settle)
+        seen |= in_broker(r, job_id, [queue])
+    finally:
+        r.close()
+    still = dict(store.unfinished(job_id))
+    lost = sorted((k, p) for k, p in still.items() if k in pending and k not in seen)
+    if lost:
+        log.warning("job %s: %d prompt message(s) lost by the broker; sending them again",
+                    job_id, len(lost))
+        send(job_id, lost, queue)
+        store.mark_sent(job_id, queue)
+    return RequeueResult(job_id, len(still), len(lost))
+
+
+class Sweeper:
+    """A daemon thread that periodically requeues lost prompts of every unfinished job.
+
+    One sweep at a time across all workers (a Redis lock that expires with the interval),
+    so a fleet of workers does not scan the broker in parallel.
+    """
+
+    def __init__(self, store: JobStore, *, broker_url: str, interval: float, grace: float,
+                 send: Callable[[str, list[tuple[str, dict[str, Any]]], str], None]) -> None:
+        self.store, self.broker_url = store, broker_url
+        self.interval, self.grace, self.send = interval, grace, send
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._main, name="beacon-sweeper", daemon=True)
+
+    def start(self) -> Sweeper:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def sweep_once(self) -> list[RequeueResult]:
+        """Check every unfinished job once (if no other worker is sweeping right now)."""
+        lock = f"{self.store.prefix}:sweep-lock"
+        if not self.store.r.set(lock, "1", nx=True, ex=max(1, int(self.interval))):
+            return []
+        out = []
+        for job_id in self.store.active_jobs():
+            try:
+                res = requeue_lost(self.store, job_id, broker_url=self.broker_url,
+                                   send=self.send, grace=self.grace)
+            except UnknownJobError:  # expired or purged
+                self.store.retire(job_id)
+                continue
+            except Exception:  # one job's trouble must not stop the sweeps of the others
+                log.warning("sweeping job %s failed", job_id, exc_info=True)
+                continue
+            if res.skipped == "finished":
+                self.store.retire(job_id)
+            out.append(res)
+        return out
+
+    def _main(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sweep_once()
+            except redis.exceptions.RedisError:
+                log.warning("sweep failed (Redis unreachable?)", exc_info=True)
