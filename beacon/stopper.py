@@ -14,16 +14,19 @@ Stopper always stops at the horizon n. Rewards of a pending draw may be observed
 a drawn sample that failed is released with :meth:`discard` and is never a reward.
 
 Speed: the family's step functions are bound to the config once (:meth:`RewardFamily.bind`), one
-float reward takes a short path through :meth:`Stopper.observe`, and trace records are stored as
-raw tuples and turned into :class:`TraceRecord` objects only when :attr:`Stopper.trace` is read
-(states are immutable, so the record holds the same values either way).
+float reward takes a short path through :meth:`Stopper.observe`, a built-in family's state is
+held as a plain tuple and shown as its NamedTuple when read (:attr:`Stopper.state`), and trace
+records are stored as raw tuples and turned into :class:`TraceRecord` objects only when
+:attr:`Stopper.trace` is read (states are immutable, so the record holds the same values either
+way).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from beacon.config import BeaconConfig
@@ -87,6 +90,7 @@ class TraceRecord(NamedTuple):
 
 # Draw objects are immutable: reuse the common ones instead of allocating one per decision.
 _DRAWS = {n: Draw(n) for n in range(1, 65)}
+_isfinite = math.isfinite
 
 # A decision as stored until the trace is read: (state, zhat, h, threshold, decision, count, reason)
 _RawRecord = tuple[Any, float, float, float, str, int, "str | None"]
@@ -97,8 +101,16 @@ def _draw_of(count: int) -> Draw:
     return d if d is not None else Draw(count)
 
 
-def _to_record(raw: _RawRecord) -> TraceRecord:
+@lru_cache(maxsize=256)
+def _continue_draws(batch_size: int, horizon: int) -> tuple[Draw, ...]:
+    """Per k < n, the draw after a decision to continue: min(batch_size, n - k) samples."""
+    return tuple(_draw_of(min(batch_size, horizon - k)) for k in range(horizon))
+
+
+def _to_record(raw: _RawRecord, view: Callable[[Any], Any] | None) -> TraceRecord:
     st, zhat, h, threshold, decision, count, reason = raw
+    if view is not None:
+        st = view(st)
     return TraceRecord(
         int(st.k), float(st.z), float(st.mu), float(st.sigma), zhat, h, threshold,
         decision, count, reason,
@@ -109,11 +121,12 @@ class Stopper:
     """Sequential (or batched) optimal stopping for one query under ``cfg``."""
 
     __slots__ = (
-        "_batch",
         "_best_index",
         "_best_raw",
         "_cfg",
         "_decide",
+        "_direct",
+        "_draws",
         "_family",
         "_horizon",
         "_k0",
@@ -126,6 +139,7 @@ class Stopper:
         "_transform",
         "_update",
         "_validate",
+        "_view",
     )
 
     def __init__(self, cfg: BeaconConfig) -> None:
@@ -133,10 +147,16 @@ class Stopper:
             raise TypeError(f"cfg must be a BeaconConfig, got {type(cfg).__name__}")
         self._cfg = cfg
         self._family = get_family(cfg.family)
-        self._validate, self._update, self._decide = self._family.bind(cfg)
-        self._k0, self._horizon, self._batch = cfg.k0, cfg.horizon, cfg.batch_size
+        bound = self._family.bind(cfg)
+        self._validate, self._update, self._decide = bound.validate, bound.update, bound.decide
+        self._view = bound.view  # working state (plain tuple, k first) -> public state
+        # a finite float reward goes to update as is (no family check, no transform)
+        self._direct = bound.finite_only and cfg.transform is None
+        self._k0, self._horizon = cfg.k0, cfg.horizon
+        # the draw after a "continue" at k: min(batch_size, n - k) samples
+        self._draws = _continue_draws(cfg.batch_size, cfg.horizon)
         self._transform = cfg.transform
-        self._state: Any = self._family.initial_state(cfg)
+        self._state: Any = self._family.initial_state(cfg)  # the working state
         self._pending = 0
         self._stop: Stop | None = None
         self._trace: list[TraceRecord] = []  # records built so far
@@ -153,20 +173,20 @@ class Stopper:
     @property
     def state(self) -> Any:
         """The family's sufficient statistics (a NamedTuple with k, z, mu, sigma, ...)."""
-        return self._state
+        return self._state if self._view is None else self._view(self._state)
 
     @property
     def trace(self) -> list[TraceRecord]:
         """One record per decision, in order (a copy)."""
         if self._raw_trace:
-            self._trace.extend(map(_to_record, self._raw_trace))
+            self._trace.extend(_to_record(raw, self._view) for raw in self._raw_trace)
             self._raw_trace.clear()
         return list(self._trace)
 
     @property
     def k(self) -> int:
         """Rewards observed so far."""
-        return int(self._state.k)
+        return int(self.state.k)
 
     @property
     def pending(self) -> int:
@@ -194,7 +214,9 @@ class Stopper:
         if self._pending:
             return _draw_of(self._pending)
         st = self._state
-        k = int(st.k)
+        k = st.k if self._view is None else st[0]
+        if type(k) is not int:  # a plugin state may count with a numpy integer
+            k = int(k)
         if k < self._k0:
             return self._draw(self._k0 - k, st)
         if k >= self._horizon:
@@ -203,16 +225,22 @@ class Stopper:
         cont, reason, zhat, h, threshold = d
         if not cont:
             return self._halt(reason or "index", st, zhat, h, threshold)
-        count = min(self._batch, self._horizon - k)
-        return self._draw(count, st, zhat, h, threshold)
+        draw = self._draws[k]  # Draw(min(batch_size, n - k)); self._draw(...) inlined
+        self._pending = count = draw.count
+        self._raw_trace.append((st, zhat, h, threshold, "draw", count, None))
+        return draw
 
     def observe(self, reward: float | Iterable[float]) -> None:
         """Feed the reward(s) of pending samples, in the order they were drawn."""
         if type(reward) is float and self._pending:  # one reward of a pending draw: short path
             pos = self._n_obs
-            raw = self._validate(reward, pos)
-            tr = self._transform
-            self._state = self._update(self._state, raw if tr is None else tr.apply_scalar(raw, pos))
+            if self._direct and _isfinite(reward):
+                x = raw = reward  # what validate_reward returns; no transform
+            else:
+                raw = self._validate(reward, pos)
+                tr = self._transform
+                x = raw if tr is None else tr.apply_scalar(raw, pos)
+            self._state = self._update(self._state, x)
             if raw > self._best_raw:
                 self._best_raw, self._best_index = raw, pos
             self._n_obs = pos + 1
@@ -238,7 +266,7 @@ class Stopper:
 
     # -- internals -----------------------------------------------------------------------------
     def _observe_many(self, reward: float | Iterable[float]) -> None:
-        """:meth:`observe` for any input: validates, then updates in order (state set at the end)."""
+        """:meth:`observe` for any input: checks, then updates in order (state stored last)."""
         if self._stop is not None:
             raise StopperStateError(f"observe after Stop({self._stop.reason!r})")
         rewards = [reward] if isinstance(reward, int | float) else list(reward)
@@ -249,16 +277,20 @@ class Stopper:
                 f"observe of {len(rewards)} reward(s) but only {self._pending} drawn and pending"
                 " (call next_decision() first)"
             )
-        validate, update, tr = self._validate, self._update, self._transform
+        validate, update, tr, direct = self._validate, self._update, self._transform, self._direct
         st = self._state
         for r in rewards:
             pos = self._n_obs
-            try:
-                raw = float(r)
-            except (TypeError, ValueError) as exc:
-                raise RewardError(pos, r, "rewards must be real numbers") from exc
-            raw = validate(raw, pos)
-            st = update(st, raw if tr is None else tr.apply_scalar(raw, pos))
+            if direct and type(r) is float and _isfinite(r):
+                st = update(st, r)  # what the checks below give for a finite float
+                raw = r
+            else:
+                try:
+                    raw = float(r)
+                except (TypeError, ValueError) as exc:
+                    raise RewardError(pos, r, "rewards must be real numbers") from exc
+                raw = validate(raw, pos)
+                st = update(st, raw if tr is None else tr.apply_scalar(raw, pos))
             if raw > self._best_raw:
                 self._best_raw, self._best_index = raw, pos
             self._n_obs += 1

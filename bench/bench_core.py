@@ -3,10 +3,13 @@
 Run: ``python -m bench.bench_core [--prompts 100000] [--samples 32]``
 
 Figures printed:
-* ``observe + next_decision``: microseconds per step of :class:`beacon.Stopper` (normal family,
-  Jeffreys, n = 32), against the baseline of the same step computing the predictive quantile
+* ``observe + next_decision``: microseconds per step of :class:`beacon.Stopper` (one reward
+  observed as a float, then the next decision, trace recorded; normal family, Jeffreys, robust
+  update, n = 32), against the baseline of the same step computing the predictive quantile
   with ``scipy.stats.t.ppf`` uncached and the posterior in closed form from the whole history
-  (what a straightforward implementation does).
+  (what a straightforward implementation does); the same in batch mode (b = 4: a list of 4
+  rewards, then the next decision; per step and per reward) and for the ``bernoulli`` family
+  (rewards 0/1 with success rate 3%, Beta(1, 1)).
 * ``replay``: seconds for ``beacon.replay`` of P prompts x S logged samples, against a plain
   Python loop over the Stopper on a subsample (extrapolated per prompt); the ratio is the speed-up.
 """
@@ -33,31 +36,41 @@ def _time(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
     return best
 
 
-def bench_step(n_steps: int = 20000) -> tuple[float, float]:
-    cfg = beacon.BeaconConfig(cost=1e-12, horizon=32)
-    rng = np.random.default_rng(0)
-    rewards = rng.normal(size=n_steps)
-    table = get_table(32)
+def _drive(cfg: beacon.BeaconConfig, rewards: list[float]) -> int:
+    """Stoppers under ``cfg`` fed ``rewards`` in order (one float when a draw asks for one, else a
+    list); a new Stopper when one stops. Returns the number of observe + next_decision steps."""
+    i, n, steps = 0, len(rewards), 0
+    while i < n:
+        s = beacon.Stopper(cfg)
+        while isinstance(d := s.next_decision(), beacon.Draw) and i < n:
+            c = d.count
+            s.observe(rewards[i] if c == 1 else rewards[i : i + c])
+            i += c
+            steps += 1
+    return steps
 
-    def beacon_steps() -> None:
-        i = 0
-        while i < n_steps:
-            s = beacon.Stopper(cfg)
-            while isinstance(d := s.next_decision(), beacon.Draw) and i < n_steps:
-                s.observe(rewards[i : i + d.count])
-                i += d.count
+
+def bench_stopper(cfg: beacon.BeaconConfig, rewards: list[float], repeat: int = 7) -> float:
+    """Microseconds per step (observe the requested reward(s) + next_decision), trace on."""
+    steps = _drive(cfg, rewards)  # warm-up: table load, caches
+    return _time(lambda: _drive(cfg, rewards), repeat) / steps * 1e6
+
+
+def bench_naive(rewards: list[float], n: int = 32) -> float:
+    """Microseconds per reward of the naive baseline step (see the module docstring)."""
+    table = get_table(n)
 
     def naive_steps() -> None:
         i = 0
-        while i < n_steps:
+        while i < len(rewards):
             hist: list[float] = []
-            for _ in range(32):
-                if i >= n_steps:
+            for _ in range(n):
+                if i >= len(rewards):
                     break
-                hist.append(float(rewards[i]))
+                hist.append(rewards[i])
                 i += 1
                 k = len(hist)
-                if k < 3 or k >= 32:
+                if k < 3 or k >= n:
                     continue
                 r = np.asarray(hist)
                 mu, s2 = r.mean(), r.var(ddof=1)
@@ -65,10 +78,27 @@ def bench_step(n_steps: int = 20000) -> tuple[float, float]:
                 student_t.ppf(0.01, k - 1)
                 table.h(k, (r.max() - mu) / sigma)
 
-    beacon_steps()  # warm-up (numba lookup compile, caches)
-    t_b = _time(beacon_steps) / n_steps
-    t_n = _time(naive_steps) / n_steps
-    return t_b, t_n
+    return _time(naive_steps) / len(rewards) * 1e6
+
+
+def bench_step(n_steps: int = 20000) -> dict[str, float]:
+    """Stopper step times (us): normal sequential and batch, bernoulli; and the naive baseline."""
+    rng = np.random.default_rng(0)
+    normal = [float(v) for v in rng.normal(size=n_steps)]
+    binary = [float(v) for v in (rng.random(n_steps) < 0.03)]
+    normal_cfg = beacon.BeaconConfig(cost=1e-12, horizon=32)  # never stops before n
+    bern_cfg = beacon.BeaconConfig(family="bernoulli", cost=1e-6, horizon=32)
+    batch = 4
+    out = {
+        "normal": bench_stopper(normal_cfg, normal),
+        "normal_batch": bench_stopper(normal_cfg.replace(batch_size=batch), normal),
+        "bernoulli": bench_stopper(bern_cfg, binary),
+        "naive": bench_naive(normal),
+    }
+    out["normal_batch_per_reward"] = (
+        out["normal_batch"] * _drive(normal_cfg.replace(batch_size=batch), normal) / n_steps
+    )
+    return out
 
 
 def bench_replay(prompts: int, samples: int) -> tuple[float, float, float]:
@@ -94,11 +124,17 @@ def main() -> None:
     t0 = time.perf_counter()
     get_table(32)
     print(f"table n=32 ready in {time.perf_counter() - t0:.3f} s (shipped/cached/built)")
-    t_b, t_n = bench_step()
+    t = bench_step()
     print(
-        f"observe+next_decision: {t_b * 1e6:.2f} us/step   baseline (closed form + scipy ppf): "
-        f"{t_n * 1e6:.2f} us/step   speed-up x{t_n / t_b:.1f}"
+        f"Stopper observe+next_decision (normal, Jeffreys, robust, n=32, trace on): "
+        f"{t['normal']:.2f} us/step   baseline (closed form + scipy ppf): {t['naive']:.2f} us/step"
+        f"   speed-up x{t['naive'] / t['normal']:.1f}"
     )
+    print(
+        f"Stopper batch b=4 (observe 4 + next_decision): {t['normal_batch']:.2f} us/step "
+        f"({t['normal_batch_per_reward']:.2f} us/reward)"
+    )
+    print(f"Stopper bernoulli observe+next_decision (n=32): {t['bernoulli']:.2f} us/step")
     t_vec, t_loop, t_first = bench_replay(args.prompts, args.samples)
     print(
         f"replay {args.prompts} x {args.samples}: {t_vec:.3f} s   "

@@ -375,6 +375,36 @@ def run_command(
     fsync: Annotated[
         bool, typer.Option("--fsync/--no-fsync", help="Sync every output line to disk.")
     ] = True,
+    warm_start: Annotated[
+        bool,
+        typer.Option(
+            "--warm-start",
+            help="Refit the prior from this job's finished prompts as it runs (after "
+            "--warm-start-min prompts, then each time their count doubles); each output line "
+            "names the prior it ran with.",
+        ),
+    ] = False,
+    warm_start_min: Annotated[
+        int,
+        typer.Option("--warm-start-min", min=2, help="Finished prompts before the first refit."),
+    ] = 20,
+    warm_start_transform: Annotated[
+        str | None,
+        typer.Option(
+            "--warm-start-transform",
+            help="'gaussianize': each refit also fits the Gaussianizing transform (normal "
+            "family; the cost keeps its raw-reward meaning).",
+            show_default=False,
+        ),
+    ] = None,
+    warm_start_wait: Annotated[
+        bool,
+        typer.Option(
+            "--warm-start-wait",
+            help="Start no prompt while a refit is pending (with -j 1 the output then does "
+            "not depend on timing).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run BEACON on every prompt of PROMPTS in this process (no server needed).
@@ -384,6 +414,7 @@ def run_command(
     Ctrl-C or a crash and finished prompts are skipped; no line is ever written twice.
     """
     from beacon.jobs.local import JobProgress, arun_job
+    from beacon.jobs.warm_start import WarmStart
 
     check_input_file(prompts, "PROMPTS")
     _check_outputs(prompts, out, dpo)
@@ -394,8 +425,23 @@ def run_command(
             fs.build(None, role=role)
         except JobInputError as exc:
             option_error(exc, role)
+    ws = None
+    if warm_start_transform is not None and not warm_start:
+        usage_error("--warm-start-transform needs --warm-start", "--warm-start-transform")
+    if warm_start_wait and not warm_start:
+        usage_error("--warm-start-wait needs --warm-start", "--warm-start-wait")
+    if warm_start:
+        from beacon.jobs.warm_start import WarmStarter
+
+        try:
+            ws = WarmStart(min_prompts=warm_start_min, transform=warm_start_transform,
+                           wait=warm_start_wait)
+            WarmStarter(ws, spec.config)  # checks family and transform before any prompt runs
+        except ConfigError as exc:
+            option_error(exc, "--warm-start")
     reasons: Counter[str] = Counter()
     last: list[JobProgress] = [JobProgress()]
+    history: list[dict[str, Any]] | None = None
 
     from rich.progress import (
         BarColumn,
@@ -446,13 +492,15 @@ def run_command(
                     progress=on_progress,
                     retry_failed=retry_failed,
                     fsync=fsync,
+                    warm_start=ws,
                 )
             )
             state = summary.progress
+            history = summary.warm_start
         except KeyboardInterrupt:
             interrupted = True
             state = last[0]
-    counts = {
+    counts: dict[str, Any] = {
         "done": state.done,
         "failed": state.failed,
         "skipped": state.skipped,
@@ -466,10 +514,19 @@ def run_command(
         "dpo": None if dpo is None else str(dpo),
         "stop_reasons": dict(reasons),
     }
+    if history is not None:
+        counts["warm_start"] = history
     if as_json:
         typer.echo(json.dumps(counts, indent=2))
     else:
         out_console.print(_summary_line(counts, reasons), markup=False)
+        for h in history or []:
+            err_console.print(
+                f"warm start: refit on {h['prompts']} prompts -> "
+                + (json.dumps({k: h[k] for k in ("prior", "cost", "transform")})
+                   if h["prior"] else f"kept the prior ({h['error']})"),
+                markup=False,
+            )
         if interrupted:
             err_console.print(
                 f"interrupted: finished prompts are saved in {out}; rerun the same "
@@ -695,8 +752,13 @@ def status_command(
 
         try:
             rq = find_and_resend(
-                store, job, broker_url=settings.broker_url, grace=0.0, force=force,
-                send=lambda j, items, q: resend(j, items, q, store=store))
+                store,
+                job,
+                broker_url=settings.broker_url,
+                grace=0.0,
+                force=force,
+                send=lambda j, items, q: resend(j, items, q, store=store),
+            )
         except BrokerInspectionError as exc:
             fail(str(exc))
         payload["requeue"] = rq.to_dict()
@@ -710,8 +772,11 @@ def status_command(
     )
     if requeue_lost:
         rq = payload["requeue"]
-        out_console.print(f"job {job}: {rq['lost']} lost prompt message(s) sent again"
-                          + (f" ({rq['skipped']})" if rq["skipped"] else ""), markup=False)
+        out_console.print(
+            f"job {job}: {rq['lost']} lost prompt message(s) sent again"
+            + (f" ({rq['skipped']})" if rq["skipped"] else ""),
+            markup=False,
+        )
 
 
 @guarded

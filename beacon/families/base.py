@@ -7,11 +7,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from beacon.errors import RewardError
+
 if TYPE_CHECKING:
     from beacon.config import BeaconConfig
     from beacon.priors import Prior
 
 __all__ = ["BoundFamily", "Decision", "DecisionTuple", "RewardFamily"]
+
+_isfinite = math.isfinite
 
 
 class Decision(NamedTuple):
@@ -31,7 +35,7 @@ class Decision(NamedTuple):
 
 
 DecisionTuple = tuple[bool, str | None, float, float, float]
-"""The fields of a :class:`Decision` as a plain tuple (what :attr:`BoundFamily.decide` may return)."""
+"""The fields of a :class:`Decision` as a plain tuple (what ``BoundFamily.decide`` may return)."""
 
 
 class BoundFamily(NamedTuple):
@@ -41,12 +45,18 @@ class BoundFamily(NamedTuple):
     ``validate(reward, position)`` is :meth:`RewardFamily.validate_reward`, ``update(state,
     reward)`` and ``decide(state)`` equal ``family.update(state, reward, cfg)`` and
     ``family.decide(state, cfg)`` value for value (``decide`` may return a plain tuple with the
-    fields of :class:`Decision`).
+    fields of :class:`Decision`). ``finite_only`` declares that ``validate`` accepts every finite
+    float unchanged (the base rule), so the Stopper may test ``math.isfinite`` itself and call
+    ``validate`` only to raise. With ``view`` set, ``update`` returns (and ``update`` and
+    ``decide`` accept) the state as a plain tuple of the public state's fields, ``k`` first, and
+    ``view(t)`` is that public state (building a NamedTuple costs more than the update itself).
     """
 
     validate: Callable[[float, int], float]
     update: Callable[[Any, float], Any]
     decide: Callable[[Any], DecisionTuple]
+    finite_only: bool = False
+    view: Callable[[Any], Any] | None = None
 
 
 class RewardFamily(ABC):
@@ -75,9 +85,7 @@ class RewardFamily(ABC):
 
     def validate_reward(self, reward: float, position: int) -> float:
         """Return the reward as a float or raise :class:`beacon.RewardError`."""
-        from beacon.errors import RewardError
-
-        if not math.isfinite(reward):
+        if not _isfinite(reward):
             raise RewardError(position, reward, "rewards must be finite numbers")
         return reward
 
@@ -103,9 +111,13 @@ class RewardFamily(ABC):
         def decide(state: Any) -> DecisionTuple:
             return self.decide(state, cfg)
 
-        return BoundFamily(self.validate_reward, update, decide)
+        return BoundFamily(self.validate_reward, update, decide, self._finite_only())
 
-    def _overrides(self, base: type[RewardFamily], *names: str) -> bool:
+    def _finite_only(self) -> bool:
+        """Whether :meth:`validate_reward` is the base rule (every finite float, unchanged)."""
+        return not self._overrides(RewardFamily, "validate_reward")
+
+    def _overrides(self, base: type, *names: str) -> bool:
         """Whether this object's class replaces any of ``names`` defined on ``base``."""
         cls = type(self)
         return any(getattr(cls, n) is not getattr(base, n) for n in names)

@@ -10,23 +10,36 @@ State (k, z, a_k, b_k) with a_k = a0 + successes, b_k = b0 + failures (paper, ap
 with R_0 = 0 and R_t(a, b; c) = max{0, q(a, b) + (1 - q(a, b)) R_{t-1}(a, b + 1; c) - c}
 (eq. ``R-recursion``), q(a, b) = a / (a + b). phi_t is continuous and strictly decreasing
 (Lemma ``lem:strict``), so bisection converges to the exact root; results are memoised.
+
+Speed: :meth:`BernoulliFamily.bind` gives the Stopper closures with the horizon and cost bound
+(no config look-ups per reward), the same functions :meth:`update` and :meth:`decide` use.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from beacon.errors import ConfigError, RewardError
 from beacon.families import register_family
-from beacon.families.base import Decision, RewardFamily
+from beacon.families.base import BoundFamily, Decision, DecisionTuple, RewardFamily
 from beacon.priors import BetaPrior
 
 if TYPE_CHECKING:
     from beacon.config import BeaconConfig
 
-__all__ = ["BernoulliFamily", "BernoulliState", "reservation_cost"]
+__all__ = [
+    "BernoulliFamily",
+    "BernoulliState",
+    "as_state",
+    "beta_update",
+    "decider",
+    "reservation_cost",
+]
+
+_new_tuple = tuple.__new__  # builds a NamedTuple without the Python-level __new__ frame
 
 
 class BernoulliState(NamedTuple):
@@ -125,14 +138,53 @@ class BernoulliFamily(RewardFamily):
         return float(reward)
 
     def update(self, state: BernoulliState, reward: float, cfg: BeaconConfig) -> BernoulliState:
-        return BernoulliState(
-            state.k + 1, max(state.z, reward), state.a + reward, state.b + 1.0 - reward
-        )
+        return as_state(beta_update(state, reward))
 
     def decide(self, state: BernoulliState, cfg: BeaconConfig) -> Decision:
-        if state.z >= 1.0:
-            return Decision(False, "absorbed", math.nan, 0.0, cfg.cost)
-        h = _reservation(cfg.horizon - state.k, state.a, state.b)
-        if cfg.cost < h:
-            return Decision(True, None, math.nan, h, cfg.cost)
-        return Decision(False, "index", math.nan, h, cfg.cost)
+        return Decision(*decider(1.0, False, cfg.horizon, cfg.cost)(state))
+
+    def bind(self, cfg: BeaconConfig) -> BoundFamily:
+        if self._overrides(BernoulliFamily, "update", "decide"):
+            return super().bind(cfg)
+        decide = decider(1.0, False, cfg.horizon, cfg.cost)
+        return BoundFamily(self.validate_reward, beta_update, decide, view=as_state)
+
+
+def as_state(t: tuple[Any, ...]) -> BernoulliState:
+    """The :class:`BernoulliState` of a plain tuple of its fields."""
+    return _new_tuple(BernoulliState, t)
+
+
+def beta_update(s: BernoulliState, reward: float) -> tuple[Any, ...]:
+    """Beta update of eq. ``bernoulli-update``: a_{k+1} = a_k + r, b_{k+1} = b_k + 1 - r.
+
+    Returns the new state's fields as a plain tuple (:func:`as_state` makes the state).
+    """
+    k, z, a, b = s
+    z1 = reward if reward > z else z  # == max(z, reward)
+    return (k + 1, z1, a + reward, b + 1.0 - reward)
+
+
+@lru_cache(maxsize=1024)
+def decider(
+    win: float, strict: bool, horizon: int, cost: float
+) -> Callable[[BernoulliState], DecisionTuple]:
+    """The reservation-cost policy (Theorem ``thm:bernoulli_policy``) for horizon n and cost c.
+
+    A success is absorbing: stop with ``absorbed`` once z_k >= ``win`` (z_k > ``win`` when
+    ``strict``); otherwise continue iff c < h^B_{n,k}(a_k, b_k). For states of a Stopper
+    (0 <= k < n, a_k, b_k > 0 finite), so :func:`reservation_cost`'s checks are skipped.
+    """
+    nan = math.nan
+    absorbed: DecisionTuple = (False, "absorbed", nan, 0.0, cost)
+
+    def decide(s: BernoulliState) -> DecisionTuple:
+        k, z, a, b = s
+        if (z > win) if strict else (z >= win):
+            return absorbed
+        h = _reservation(horizon - k, a, b)
+        if cost < h:
+            return (True, None, nan, h, cost)
+        return (False, "index", nan, h, cost)
+
+    return decide

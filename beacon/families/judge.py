@@ -20,12 +20,18 @@ The 1/2 is the judge's own decision boundary, not a tuned constant.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from beacon.errors import RewardError
 from beacon.families import register_family
-from beacon.families.base import Decision
-from beacon.families.bernoulli import BernoulliFamily, BernoulliState, reservation_cost
+from beacon.families.base import BoundFamily, Decision, RewardFamily
+from beacon.families.bernoulli import (
+    BernoulliFamily,
+    BernoulliState,
+    as_state,
+    decider,
+    reservation_cost,
+)
 
 if TYPE_CHECKING:
     from beacon.config import BeaconConfig
@@ -45,8 +51,7 @@ class JudgeFamily(BernoulliFamily):
         return float(reward)
 
     def update(self, state: BernoulliState, reward: float, cfg: BeaconConfig) -> BernoulliState:
-        win = 1.0 if reward > WIN_THRESHOLD else 0.0
-        return BernoulliState(state.k + 1, max(state.z, reward), state.a + win, state.b + 1.0 - win)
+        return as_state(_win_update(state, reward))
 
     def decide(self, state: BernoulliState, cfg: BeaconConfig) -> Decision:
         if state.z > WIN_THRESHOLD:
@@ -55,3 +60,25 @@ class JudgeFamily(BernoulliFamily):
         if cfg.cost < h:
             return Decision(True, None, math.nan, h, cfg.cost)
         return Decision(False, "index", math.nan, h, cfg.cost)
+
+    def bind(self, cfg: BeaconConfig) -> BoundFamily:
+        """Stopper kernels: the win update and the Bernoulli policy with a strict 1/2 boundary.
+
+        Same values as :meth:`update` and :meth:`decide` (the Stopper's states always satisfy
+        :func:`reservation_cost`'s checks, so the decision calls the memoised root directly).
+        """
+        if self._overrides(JudgeFamily, "update", "decide"):
+            return RewardFamily.bind(self, cfg)
+        decide = decider(WIN_THRESHOLD, True, cfg.horizon, cfg.cost)
+        return BoundFamily(self.validate_reward, _win_update, decide, view=as_state)
+
+
+def _win_update(s: BernoulliState, reward: float) -> tuple[Any, ...]:
+    """Beta update with the win indicator w = 1{r > 1/2}; z keeps the raw maximum.
+
+    Returns the new state's fields as a plain tuple (``as_state`` makes the state).
+    """
+    k, z, a, b = s
+    win = 1.0 if reward > WIN_THRESHOLD else 0.0
+    z1 = reward if reward > z else z  # == max(z, reward)
+    return (k + 1, z1, a + win, b + 1.0 - win)

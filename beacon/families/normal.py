@@ -23,15 +23,16 @@ Robust update (appendix "Robust Updating Formula"): once the predictive is prope
 reward below its ``robust_quantile`` quantile mu_k + sigma_k t_{2 alpha_k}^{-1}(q) updates
 (mu, beta) as if it were mu_k; z still tracks the true maximum.
 
-Speed: :meth:`NormalFamily.bind` resolves everything that depends only on the config once
-(:class:`NormalKernel`): the Student-t quantiles per dof, the cost, and :class:`HIndexRows`, a
-pure-Python copy of the table's spline lookup that returns the same bits as the numba
-``h_lookup`` (checked in tests/test_stopper_fastpath.py) without a numba dispatch per decision.
+Speed: the update and the decision are closures built once per config (:meth:`NormalFamily.bind`),
+holding the Student-t quantiles per dof, the cost and (:func:`uip_decider`) a pure-Python copy
+of the table's spline lookup that returns the same bits as the numba ``h_lookup`` (checked in
+tests/test_stopper_fastpath.py) without a numba dispatch per decision.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -46,11 +47,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SIGMA_FLOOR",
-    "HIndexRows",
     "NormalFamily",
-    "NormalKernel",
     "NormalState",
+    "h_index_function",
     "predictive_quantile",
+    "uip_decider",
 ]
 
 SIGMA_FLOOR = 1e-6
@@ -90,20 +91,6 @@ class NormalState(NamedTuple):
         return 2.0 * self.alpha
 
 
-@lru_cache(maxsize=256)
-def _bound_lookup(n: int, alpha0: float, nu0: float) -> tuple[Any, tuple[Any, ...]]:
-    """The numba scalar lookup and the table's arrays for (n, alpha0, nu0), resolved once.
-
-    The same ``h_lookup`` serves :meth:`HTable.h` and the replay kernel, so the Stopper and
-    :func:`beacon.replay` see bit-identical h values. Rows k are valid by construction
-    (k0 <= k < n is guaranteed by the Stopper).
-    """
-    from beacon._kernels.tables import h_lookup
-    from beacon.index import get_table
-
-    return h_lookup, tuple(get_table(n, alpha0, nu0).lookup_arrays())
-
-
 @lru_cache(maxsize=4096)
 def predictive_quantile(dof: float, q: float) -> float:
     """Standard Student-t quantile t_dof^{-1}(q) (cached: dof takes few values per config)."""
@@ -112,149 +99,159 @@ def predictive_quantile(dof: float, q: float) -> float:
     return float(student_t.ppf(q, dof))
 
 
-class HIndexRows:
-    """``h_{n,k}(z)`` of one table in plain Python, bit-identical to the numba ``h_lookup``.
+def uip_decider(table: HTable, cost: float) -> Callable[[NormalState], DecisionTuple]:
+    """The Universal Index Policy (eq. ``UIP``) on ``table``: continue iff h_{n,k}(zhat) > c/sigma.
 
-    Inside the grid ``zlo <= z <= zhi`` (docs/h_index.md, :mod:`beacon.index.table`):
-    ``x = asinh(z / a)``, ``t = (x - x_lo) / dx``, ``j = clamp(floor(t), 0, N - 2)``,
-    ``B = t - j``, ``A = 1 - B`` and the cubic spline of ``log h`` in ``x``
+    ``decide(state)`` returns ``(continue, reason, zhat, h, c / sigma_k)`` with
+    zhat = (z_k - mu_k) / sigma_k. The index h is computed in plain Python, bit-identical to the
+    numba ``h_lookup`` (tests/test_stopper_fastpath.py checks the bits). Inside the grid
+    ``zlo <= zhat <= zhi`` (docs/h_index.md, :mod:`beacon.index.table`): ``x = asinh(zhat / a)``,
+    ``t = (x - x_lo) / dx``, ``j = clamp(floor(t), 0, N - 2)``, ``B = t - j``, ``A = 1 - B`` and
+    the cubic spline of ``log h`` in ``x``
 
         log h = A y_j + B y_{j+1} + ((A^3 - A) m_j + (B^3 - B) m_{j+1}) dx^2 / 6;
 
-    right of it the power tail ``h = exp(y_{N-1} + (1 - d) log(z / zhi))`` (Theorem
-    ``h_properties``, d = row dof). Both are evaluated with the same float operations in the same
-    order as ``beacon._kernels.tables._row_h``. Left of the grid (the myopic-gain asymptote,
-    which needs the Student-t special functions) and for NaN, the numba kernel itself answers.
+    right of it the power tail ``h = exp(y_{N-1} + (1 - d) log(zhat / zhi))`` (Theorem
+    ``h_properties``, d = row dof), with the float operations of
+    ``beacon._kernels.tables._row_h`` in the same order. Left of the grid (the myopic-gain
+    asymptote, which needs the Student-t special functions), for NaN and for a ``k`` without a
+    row (NaN), the numba kernel itself answers.
     """
+    from beacon._kernels import load_tables
 
-    __slots__ = ("_dx", "_dx2_6", "_fallback", "_k_min", "_last", "_n_rows", "_rows", "_scale",
-                 "_x_lo", "_zhi", "_zlo")  # fmt: skip
+    h_lookup: Any = load_tables().h_lookup
+    args = table.lookup_arrays()
+    x_lo, dx, scale, zlo, zhi, logh, m2, dof, k_min = args
+    x_lo, dx, scale, zlo, zhi = float(x_lo), float(dx), float(scale), float(zlo), float(zhi)
+    k_min, n_rows = int(k_min), int(logh.shape[0])
+    dx2_6 = dx * dx / 6.0
+    last = int(logh.shape[1]) - 2  # the last spline interval starts at node N - 2
+    # per row r = k - k_min: per interval j the tuple (y_j, y_{j+1}, m_j, m_{j+1})
+    segments: list[list[tuple[float, float, float, float]]] = []
+    tails: list[tuple[float, float]] = []  # per row: (y_{N-1}, 1 - d)
+    for y, m, d in zip(logh.tolist(), m2.tolist(), dof.tolist(), strict=True):
+        segments.append([(y[j], y[j + 1], m[j], m[j + 1]) for j in range(last + 1)])
+        tails.append((y[-1], 1.0 - d))
 
-    def __init__(self, table: HTable) -> None:
-        from beacon._kernels.tables import h_lookup
-
-        args = tuple(table.lookup_arrays())
-        x_lo, dx, scale, zlo, zhi, logh, m2, dof, k_min = args
-        self._x_lo, self._dx, self._scale = float(x_lo), float(dx), float(scale)
-        self._zlo, self._zhi, self._k_min = float(zlo), float(zhi), int(k_min)
-        self._dx2_6 = self._dx * self._dx / 6.0
-        self._last = int(logh.shape[1]) - 2
-        self._rows = [
-            (logh[r].tolist(), m2[r].tolist(), float(logh[r, -1]), 1.0 - float(dof[r]))
-            for r in range(logh.shape[0])
-        ]
-        self._n_rows = len(self._rows)
-
-        def fallback(k: int, z: float) -> float:
-            return float(h_lookup(*args, k, z))
-
-        self._fallback = fallback
-
-    def __call__(self, k: int, z: float) -> float:
-        """``h_{n,k}(z)``; NaN (from the kernel) when ``k`` has no row or ``z`` is NaN."""
-        r = k - self._k_min
-        if not 0 <= r < self._n_rows:
-            return self._fallback(k, z)
-        if self._zlo <= z <= self._zhi:
-            y, m, _, _ = self._rows[r]
-            t = (_asinh(z / self._scale) - self._x_lo) / self._dx
+    def decide(s: NormalState) -> DecisionTuple:
+        k, z, mu, _, _, _, _, sigma = s
+        zhat = (z - mu) / sigma
+        r = k - k_min
+        if 0 <= r < n_rows and zlo <= zhat <= zhi:  # the spline
+            t = (_asinh(zhat / scale) - x_lo) / dx
             j = _floor(t)
             if j < 0:
                 j = 0
-            elif j > self._last:
-                j = self._last
+            elif j > last:
+                j = last
+            y0, y1, m0, m1 = segments[r][j]
             bb = t - j
             aa = 1.0 - bb
-            v = aa * y[j] + bb * y[j + 1]
-            v += ((aa * aa * aa - aa) * m[j] + (bb * bb * bb - bb) * m[j + 1]) * self._dx2_6
-            return _exp(v)
-        if z > self._zhi:
-            _, _, y_end, one_minus_d = self._rows[r]
-            return _exp(y_end + one_minus_d * _log(z / self._zhi))
-        return self._fallback(k, z)
+            v = aa * y0 + bb * y1
+            v += ((aa * aa * aa - aa) * m0 + (bb * bb * bb - bb) * m1) * dx2_6
+            h = _exp(v)
+        elif 0 <= r < n_rows and zhat > zhi:  # the power tail
+            y_end, one_minus_d = tails[r]
+            h = _exp(y_end + one_minus_d * _log(zhat / zhi))
+        else:
+            h = float(h_lookup(*args, k, zhat))
+        threshold = cost / sigma
+        if h > threshold:
+            return (True, None, zhat, h, threshold)
+        return (False, "index", zhat, h, threshold)
+
+    return decide
 
 
-@lru_cache(maxsize=256)
-def _h_rows(n: int, alpha0: float, nu0: float) -> HIndexRows:
-    """The :class:`HIndexRows` of the table for (n, alpha0, nu0), built once."""
-    from beacon.index import get_table
+def h_index_function(table: HTable) -> Callable[[int, float], float]:
+    """``h(k, z) = h_{n,k}(z)``: the index of :func:`uip_decider` at mu = 0, sigma = 1 (so that
+    zhat = z exactly)."""
+    decide = uip_decider(table, 1.0)
 
-    return HIndexRows(get_table(n, alpha0, nu0))
+    def h(k: int, z: float) -> float:
+        return decide(NormalState(k, z, 0.0, 0.0, 0.0, 0.0, 0, 1.0))[3]
+
+    return h
 
 
-class NormalKernel:
-    """The normal family's update and decision for one config, its constants resolved once.
+def _as_state(t: tuple[Any, ...]) -> NormalState:
+    """The :class:`NormalState` of a plain tuple of its fields."""
+    return _new_tuple(NormalState, t)
 
-    ``update`` is the O(1) NIG update of eq. ``parameter_update`` with the robust rule (appendix
-    "Robust Updating Formula"); ``decide`` the Universal Index Policy (eq. ``UIP``). Student-t
-    quantiles t_{2 alpha}^{-1}(q) are memoised per alpha_k (a handful per config).
+
+def _make_update(robust: bool, q: float) -> Callable[[NormalState, float], tuple[Any, ...]]:
+    """The O(1) NIG update (module docstring) with the robust rule at quantile ``q``.
+
+    A reward below mu_k + sigma_k t_{2 alpha_k}^{-1}(q) updates as if it were mu_k once the
+    predictive is proper (k >= k0, alpha_k > 0, nu_k > 0); the Student-t quantiles are memoised
+    per alpha_k (a handful per config). The new state is returned as a plain tuple of the
+    :class:`NormalState` fields (see :attr:`BoundFamily.view`).
     """
+    t_quantile: dict[float, float] = {}
 
-    __slots__ = ("_cost", "_h", "_horizon", "_prior", "_q", "_robust", "_tq")
-
-    def __init__(
-        self, robust: bool, q: float, horizon: int, alpha0: float, nu0: float, cost: float
-    ) -> None:
-        self._robust, self._q, self._cost = robust, q, cost
-        self._horizon, self._prior = horizon, (alpha0, nu0)
-        self._tq: dict[float, float] = {}
-        self._h: HIndexRows | None = None  # built at the first decision (not needed before k0)
-
-    def _quantile(self, alpha: float) -> float:
-        """t_{2 alpha}^{-1}(q), the standard predictive quantile of the robust rule."""
-        tq = self._tq.get(alpha)
-        if tq is None:
-            tq = self._tq[alpha] = predictive_quantile(2.0 * alpha, self._q)
-        return tq
-
-    def update(self, s: NormalState, reward: float) -> NormalState:
-        """State after one reward: robust clipping, then the O(1) NIG update (module docstring)."""
+    def update(s: NormalState, reward: float) -> tuple[Any, ...]:
         k, z, mu, nu, alpha, beta, k0, sigma = s
         r_model = reward
-        if self._robust and k >= k0 and alpha > 0 and nu > 0:
-            if reward < mu + sigma * self._quantile(alpha):
+        if robust and k >= k0 and alpha > 0 and nu > 0:
+            tq = t_quantile.get(alpha)
+            if tq is None:
+                tq = t_quantile[alpha] = predictive_quantile(2.0 * alpha, q)
+            if reward < mu + sigma * tq:
                 r_model = mu
         d = r_model - mu
         nu1 = nu + 1.0
         alpha1 = alpha + 0.5
         beta1 = beta + nu * d * d / (2.0 * nu1)
         k1 = k + 1
-        return _new_tuple(  # type: ignore[no-any-return]
-            NormalState,
-            (
-                k1,
-                reward if reward > z else z,  # == max(z, reward)
-                mu + d / nu1,
-                nu1,
-                alpha1,
-                beta1,
-                k0,
-                _scale(k1, k0, nu1, alpha1, beta1),
-            ),
-        )
+        if k1 < k0 or nu1 <= 0 or alpha1 <= 0:  # _scale(k1, k0, nu1, alpha1, beta1), inlined
+            sigma1 = _NAN
+        else:
+            sigma1 = _sqrt((nu1 + 1.0) * beta1 / (nu1 * alpha1))
+            if not sigma1 > SIGMA_FLOOR:
+                sigma1 = SIGMA_FLOOR
+        z1 = reward if reward > z else z  # == max(z, reward)
+        return (k1, z1, mu + d / nu1, nu1, alpha1, beta1, k0, sigma1)
 
-    def decide(self, s: NormalState) -> DecisionTuple:
-        """Continue iff h_{n,k}(zhat) > c / sigma_k, zhat = (z_k - mu_k) / sigma_k (eq. UIP)."""
-        h_index = self._h
-        if h_index is None:
-            h_index = self._h = _h_rows(self._horizon, *self._prior)
-        sigma = s.sigma
-        zhat = (s.z - s.mu) / sigma
-        h = h_index(s.k, zhat)
-        threshold = self._cost / sigma
-        if h > threshold:
-            return (True, None, zhat, h, threshold)
-        return (False, "index", zhat, h, threshold)
+    return update
+
+
+class _Kernel:
+    """The normal family's update and decision for one config.
+
+    The h-table is loaded at the first decision (a query that ends before k0 never needs it);
+    ``decide`` then becomes the decider itself, so later binds of the config call it directly.
+    """
+
+    __slots__ = ("_decider", "_table_key", "cost", "decide", "update")
+
+    def __init__(
+        self, robust: bool, q: float, horizon: int, alpha0: float, nu0: float, cost: float
+    ) -> None:
+        self.update = _make_update(robust, q)
+        self.cost = cost
+        self._table_key = (horizon, alpha0, nu0)
+        self._decider: Callable[[NormalState], DecisionTuple] | None = None
+        self.decide: Callable[[NormalState], DecisionTuple] = self._first_decide
+
+    def _first_decide(self, s: NormalState) -> DecisionTuple:
+        """Build the decider once, then delegate (for binds made before the first decision)."""
+        if self._decider is None:
+            from beacon.index import get_table
+
+            self._decider = uip_decider(get_table(*self._table_key), self.cost)
+            self.decide = self._decider
+        return self._decider(s)
 
 
 @lru_cache(maxsize=1024)
 def _kernel(
     robust: bool, q: float, horizon: int, alpha0: float, nu0: float, cost: float
-) -> NormalKernel:
-    return NormalKernel(robust, q, horizon, alpha0, nu0, cost)
+) -> _Kernel:
+    """The (cached) :class:`_Kernel` of one config."""
+    return _Kernel(robust, q, horizon, alpha0, nu0, cost)
 
 
-def _kernel_for(cfg: BeaconConfig) -> NormalKernel:
+def _kernel_for(cfg: BeaconConfig) -> _Kernel:
     p = cfg.resolved_prior
     assert isinstance(p, NIGPrior)
     return _kernel(cfg.robust, cfg.robust_quantile, cfg.horizon, p.alpha0, p.nu0, cfg.cost)
@@ -291,7 +288,7 @@ class NormalFamily(RewardFamily):
         return NormalState(0, -math.inf, p.mu0, p.nu0, p.alpha0, p.beta0, p.k0, sigma)
 
     def update(self, state: NormalState, reward: float, cfg: BeaconConfig) -> NormalState:
-        return _kernel_for(cfg).update(state, reward)
+        return _as_state(_kernel_for(cfg).update(state, reward))
 
     def decide(self, state: NormalState, cfg: BeaconConfig) -> Decision:
         return Decision(*_kernel_for(cfg).decide(state))
@@ -300,4 +297,6 @@ class NormalFamily(RewardFamily):
         if self._overrides(NormalFamily, "update", "decide"):
             return super().bind(cfg)
         kern = _kernel_for(cfg)
-        return BoundFamily(self.validate_reward, kern.update, kern.decide)
+        return BoundFamily(
+            self.validate_reward, kern.update, kern.decide, self._finite_only(), _as_state
+        )

@@ -26,6 +26,7 @@ from beacon.jobs.spec import (
     iter_prompt_file,
     parse_allow_list,
 )
+from beacon.jobs.warm_start import WarmStart, WarmStarter
 
 __all__ = [
     "DEFAULT_ALLOWED_FACTORIES",
@@ -43,6 +44,8 @@ __all__ = [
     "OutputError",
     "PromptExecutor",
     "PromptRecord",
+    "WarmStart",
+    "WarmStarter",
     "arun_job",
     "dpo_record",
     "iter_prompt_file",

@@ -106,6 +106,9 @@ def result_record(key: str, record: PromptRecord, res: BeaconResult, *,
         "best_index": None if best is None else best.index,
         "n_samples": res.n_samples,
         "n_failed": res.n_failed,
+        # Raw rewards in draw order (failed samples as null): the output doubles as a reward
+        # log for `beacon fit-prior` / `beacon tune`, and feeds the online warm start.
+        "rewards": [c.reward for c in res.candidates],
         "stop_reason": res.stop_reason,
         "usage": res.usage.to_dict(),
         "error": None,
@@ -256,9 +259,15 @@ class PromptExecutor:
         *,
         max_seconds: float | None = None,
         observers: Sequence[Callable[[BeaconEvent], Any]] = (),
+        config: BeaconConfig | None = None,
     ) -> Outcome:
-        """Run ``record``; failures become an error outcome (never raised), except cancellation."""
+        """Run ``record``; failures become an error outcome (never raised), except cancellation.
+
+        ``config`` replaces the spec's config for this prompt (the online warm start's refitted
+        prior, :mod:`beacon.jobs.warm_start`); the prompt's key is the caller's.
+        """
         spec = self.spec
+        cfg = spec.config if config is None else config
         try:
             gen_obj = self.cache.get(spec.generator_for(record), "generator")
             sco_obj = self.cache.get(spec.scorer_for(record), "scorer")
@@ -266,10 +275,10 @@ class PromptExecutor:
             sampler = BeaconSampler(
                 _bind(gen_obj, rec),
                 _bind(sco_obj, rec),
-                spec.config,
+                cfg,
                 # The shared semaphore is the global limit; per-prompt slots only need to let
                 # one batch through at once.
-                max_concurrency=max(spec.config.batch_size, spec.config.k0),
+                max_concurrency=max(cfg.batch_size, cfg.k0),
                 rate_limiter=self._slot(),
                 retry=self.retry,
                 timeout=self.timeout,

@@ -8,6 +8,10 @@ each prompt finishes, and reports progress through a callback.
 Resumable and idempotent: each prompt's key (:mod:`beacon.jobs.keys`) is looked up in the
 output first and skipped when present, so rerunning the same command after Ctrl-C, a crash or a
 kill continues where it stopped; prompts in flight at the interruption are simply run again.
+With ``warm_start`` the population prior is refitted from the job's own finished prompts as it
+runs (:mod:`beacon.jobs.warm_start`); each output line then names the prior it ran with, and a
+resumed run re-seeds the fit from the rewards already in the output.
+
 Failed prompts (``ok: false``) are retried on a rerun unless ``retry_failed=False``: their lines
 are removed first by an atomic rewrite, so no key ever appears twice. The DPO line of a prompt is
 written before its output line, so an interruption between the two leaves the prompt unfinished
@@ -28,7 +32,7 @@ from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
 from beacon.jobs.execute import Outcome, PromptExecutor, line_error_record, prepare_config
 from beacon.jobs.keys import line_error_key, prompt_key
-from beacon.jobs.output import KeyedJsonlWriter
+from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
 from beacon.jobs.spec import (
     JobInputError,
     JobSpec,
@@ -36,6 +40,7 @@ from beacon.jobs.spec import (
     PromptRecord,
     iter_prompt_file,
 )
+from beacon.jobs.warm_start import WarmStart, WarmStarter, seed_rewards
 
 __all__ = ["JobProgress", "JobSummary", "arun_job", "count_prompt_lines", "iter_records",
            "run_job"]
@@ -71,6 +76,7 @@ class JobSummary:
     progress: JobProgress
     elapsed: float
     interrupted: bool = False
+    warm_start: list[dict[str, Any]] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -79,10 +85,18 @@ class JobSummary:
 
     def to_dict(self) -> dict[str, Any]:
         p = self.progress
-        return {"total": p.total, "skipped": p.skipped, "done": p.done, "failed": p.failed,
-                "duplicates": p.duplicates, "samples": p.samples,
-                "retried_failed": p.retried_failed, "elapsed": self.elapsed,
-                "interrupted": self.interrupted}
+        return {
+            "total": p.total,
+            "skipped": p.skipped,
+            "done": p.done,
+            "failed": p.failed,
+            "duplicates": p.duplicates,
+            "samples": p.samples,
+            "retried_failed": p.retried_failed,
+            "elapsed": self.elapsed,
+            "interrupted": self.interrupted,
+            "warm_start": self.warm_start,
+        }
 
 
 def count_prompt_lines(path: str | Path) -> int:
@@ -125,6 +139,7 @@ async def arun_job(
     retry_failed: bool = True,
     fsync: bool = True,
     executor: PromptExecutor | None = None,
+    warm_start: WarmStart | None = None,
 ) -> JobSummary:
     """Run ``spec`` on every prompt; resumable (see the module docstring).
 
@@ -138,9 +153,15 @@ async def arun_job(
         progress: called with a :class:`JobProgress` after every prompt (on the event loop).
         retry_failed: rerun prompts whose earlier line says ``ok: false``.
         fsync: sync each line to disk (see :class:`KeyedJsonlWriter`).
+        warm_start: refit the prior from this job's finished prompts as it runs
+            (:class:`~beacon.jobs.warm_start.WarmStart`); ``None`` keeps ``spec.config``.
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError("concurrency", concurrency, "must be an integer >= 1")
+    if warm_start is not None and not isinstance(warm_start, WarmStart):
+        raise ConfigError("warm_start", warm_start, "must be a WarmStart or None")
+    starter = WarmStarter(warm_start, spec.config) if warm_start is not None else None
+    refitting: asyncio.Task[None] | None = None
     t0 = time.perf_counter()
     total = count_prompt_lines(prompts) if isinstance(prompts, str | Path) else None
     if total is None and isinstance(prompts, Sequence):
@@ -169,6 +190,30 @@ async def arun_job(
             report(done=state.done + 1, samples=state.samples + n, last=outcome)
         else:
             report(failed=state.failed + 1, samples=state.samples + n, last=outcome)
+        if starter is not None and outcome.ok:
+            starter.add(outcome.record.get("rewards") or [])
+            maybe_refit()
+
+    async def refit() -> None:
+        assert starter is not None
+        # Fitting and building the new prior's h-table are CPU work: off the loop, while
+        # prompts keep running with the current prior. Prompts that finish meanwhile are
+        # picked up by the next round.
+        while starter.due():
+            rows = starter.snapshot()  # on the loop: exactly the prompts committed so far
+            old = starter.config
+            cfg = await asyncio.to_thread(starter.refit, rows)
+            if cfg is not old:
+                try:
+                    await asyncio.to_thread(prepare_config, cfg)
+                except Exception as exc:  # a table that cannot be built: keep the old prior
+                    starter.config = old
+                    starter.refits[-1].error = f"{type(exc).__name__}: {exc}"
+
+    def maybe_refit() -> None:
+        nonlocal refitting
+        if starter is not None and starter.due() and (refitting is None or refitting.done()):
+            refitting = asyncio.ensure_future(refit())
 
     try:
         out_w.open()
@@ -180,12 +225,26 @@ async def arun_job(
             dropped = out_w.compact(lambda rec: rec.get("ok") is not False)
             if dropped:
                 report(retried_failed=len(dropped))
+        if starter is not None and Path(out).exists():
+            for rw in seed_rewards(list(read_jsonl(out))):
+                starter.add(rw)
+            if starter.due():
+                await refit()
         slots = asyncio.Semaphore(concurrency)
         in_flight: set[str] = set()
 
         async def one(key: str, rec: PromptRecord) -> None:
             try:
-                outcome = await ex.run(rec, key)
+                if starter is None:
+                    outcome = await ex.run(rec, key)
+                else:
+                    cfg = starter.config
+                    outcome = await ex.run(rec, key, config=cfg)
+                    if outcome.ok:
+                        outcome.record["prior"] = cfg.resolved_prior.to_dict()
+                        outcome.record["cost"] = cfg.cost
+                        if cfg.transform is not None:
+                            outcome.record["transform"] = cfg.transform.kind
                 commit(outcome)
             except asyncio.CancelledError:
                 raise
@@ -217,6 +276,10 @@ async def arun_job(
             if fatal:
                 slots.release()
                 break
+            if warm_start is not None and warm_start.wait and refitting is not None:
+                # Reproducible mode: no prompt starts while a refit is pending, so with one
+                # prompt in flight the output does not depend on how long a refit takes.
+                await asyncio.wait({refitting})
             in_flight.add(key)
             t = asyncio.ensure_future(one(key, item))
             tasks.add(t)
@@ -224,6 +287,8 @@ async def arun_job(
             report(in_flight=len(in_flight))
         if tasks:
             await asyncio.gather(*list(tasks))
+        if refitting is not None:
+            await refitting
         if fatal:
             raise fatal[0]
     except (asyncio.CancelledError, KeyboardInterrupt):
@@ -236,6 +301,9 @@ async def arun_job(
             t.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if refitting is not None and not refitting.done():
+            refitting.cancel()
+            await asyncio.gather(refitting, return_exceptions=True)
         out_w.close()
         if dpo_w is not None:
             dpo_w.close()
@@ -243,7 +311,12 @@ async def arun_job(
             await ex.aclose()
         if interrupted and progress is not None:
             progress(state)
-    return JobSummary(state, time.perf_counter() - t0, interrupted)
+    return JobSummary(
+        state,
+        time.perf_counter() - t0,
+        interrupted,
+        starter.history() if starter is not None else None,
+    )
 
 
 def run_job(
