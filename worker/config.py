@@ -39,12 +39,13 @@ from typing import Any
 from beacon.errors import ConfigError
 from beacon.jobs.spec import parse_allow_list
 
-__all__ = ["WorkerSettings"]
+__all__ = ["WorkerSettings", "is_redis_url"]
 
 _DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
-def _is_redis(url: str) -> bool:
+def is_redis_url(url: str) -> bool:
+    """Whether ``url`` names a Redis server (``redis://``, ``rediss://`` or ``unix://``)."""
     return url.startswith(("redis://", "rediss://", "unix://"))
 
 
@@ -98,7 +99,7 @@ class WorkerSettings:
         if not self.key_prefix or any(c.isspace() for c in self.key_prefix):
             raise ConfigError("BEACON_KEY_PREFIX", self.key_prefix, "must be non-empty, "
                                                                     "without spaces")
-        if not _is_redis(self.state_url):
+        if not is_redis_url(self.state_url):
             raise ConfigError("BEACON_STATE_URL", self.state_url,
                               "job state needs Redis (redis://, rediss:// or unix://)")
         if self.engine_concurrency < 1:
@@ -114,10 +115,10 @@ class WorkerSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
         e = os.environ if env is None else env
         broker = e.get("BEACON_BROKER_URL") or _DEFAULT_REDIS
-        backend = e.get("BEACON_RESULT_BACKEND") or (broker if _is_redis(broker)
+        backend = e.get("BEACON_RESULT_BACKEND") or (broker if is_redis_url(broker)
                                                       else _DEFAULT_REDIS)
-        state = e.get("BEACON_STATE_URL") or (backend if _is_redis(backend) else
-                                              broker if _is_redis(broker) else _DEFAULT_REDIS)
+        state = e.get("BEACON_STATE_URL") or (backend if is_redis_url(backend) else
+                                              broker if is_redis_url(broker) else _DEFAULT_REDIS)
         soft = _num(e, "BEACON_SOFT_TIME_LIMIT", 600.0, minimum=0.001)
         hard = _num(e, "BEACON_TIME_LIMIT", soft + 60.0, minimum=0.001)
         backoff_max = _num(e, "BEACON_RETRY_BACKOFF_MAX", 120.0)

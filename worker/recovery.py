@@ -33,9 +33,11 @@ from typing import Any
 
 import redis
 
+from worker.config import is_redis_url
 from worker.state import JobStore, UnknownJobError
 
-__all__ = ["BrokerInspectionError", "RequeueResult", "Sweeper", "in_broker", "requeue_lost"]
+__all__ = ["BrokerInspectionError", "RequeueResult", "Sweeper", "broker_keys", "in_broker",
+           "requeue_lost", "requeue_lost_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +65,6 @@ class RequeueResult:
                 "skipped": self.skipped}
 
 
-def _is_redis(url: str) -> bool:
-    return url.startswith(("redis://", "rediss://", "unix://"))
-
-
 def _task_args(raw: bytes | str) -> list[Any] | None:
     """The positional arguments of a ``beacon.run_prompt`` message, or None for others."""
     try:
@@ -90,14 +88,15 @@ def _queue_lists(r: Any, queue: str) -> Iterator[str]:
         yield k.decode() if isinstance(k, bytes) else str(k)
 
 
-def in_broker(r: Any, job_id: str, queues: Iterable[str]) -> set[str]:
-    """Prompt keys of ``job_id`` with a message waiting in ``queues`` or held unacknowledged."""
-    found: set[str] = set()
+def broker_keys(r: Any, queues: Iterable[str]) -> dict[str, set[str]]:
+    """Per job id, the prompt keys with a message waiting in ``queues`` or held unacknowledged
+    (one pass over the queue lists and the ``unacked`` hash, whatever the number of jobs)."""
+    found: dict[str, set[str]] = {}
 
     def take(raw: bytes | str) -> None:
         args = _task_args(raw)
-        if args is not None and args[0] == job_id:
-            found.add(str(args[1]))
+        if args is not None:
+            found.setdefault(str(args[0]), set()).add(str(args[1]))
 
     for q in queues:
         for name in _queue_lists(r, q):
@@ -114,12 +113,82 @@ def in_broker(r: Any, job_id: str, queues: Iterable[str]) -> set[str]:
     return found
 
 
+def in_broker(r: Any, job_id: str, queues: Iterable[str]) -> set[str]:
+    """Prompt keys of ``job_id`` with a message waiting in ``queues`` or held unacknowledged."""
+    return broker_keys(r, queues).get(job_id, set())
+
+
+Send = Callable[[str, list[tuple[str, dict[str, Any]]], str], None]
+
+
+def requeue_lost_jobs(
+    store: JobStore,
+    job_ids: Iterable[str],
+    *,
+    broker_url: str,
+    send: Send,
+    grace: float = 60.0,
+    settle: float = 2.0,
+) -> dict[str, RequeueResult]:
+    """:func:`requeue_lost` for several jobs with one pair of broker scans for all of them.
+
+    Jobs that are unknown (expired, purged) are left out of the result.
+    """
+    out: dict[str, RequeueResult] = {}
+    checked: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {}  # job -> (queue, pending)
+    now = time.time()
+    for job_id in job_ids:
+        try:
+            meta = store.meta(job_id)
+        except UnknownJobError:
+            continue
+        queue = meta.get("queue", "")
+        pending = dict(store.unfinished(job_id))
+        age = now - float(meta.get("sent", 0.0))
+        if not pending:
+            out[job_id] = RequeueResult(job_id, 0, 0, "finished")
+        elif not queue:
+            out[job_id] = RequeueResult(job_id, len(pending), 0, "job has no recorded queue")
+        elif age < grace:
+            out[job_id] = RequeueResult(job_id, len(pending), 0, f"messages sent {age:.0f} s ago")
+        else:
+            checked[job_id] = (queue, pending)
+    if not checked:
+        return out
+    if not is_redis_url(broker_url):
+        raise BrokerInspectionError(
+            f"broker {broker_url.split('@')[-1]!r} is not Redis: lost messages can only be "
+            "found on a Redis broker (AMQP brokers redeliver unacknowledged messages "
+            "themselves); use force to resend every pending prompt")
+    queues = sorted({q for q, _ in checked.values()})
+    r = redis.Redis.from_url(broker_url)
+    try:
+        # Twice, ``settle`` apart: a message moving between a queue and ``unacked`` is in
+        # neither for milliseconds, but never in neither at both scans.
+        first = broker_keys(r, queues)
+        time.sleep(settle)
+        second = broker_keys(r, queues)
+    finally:
+        r.close()
+    for job_id, (queue, pending) in checked.items():
+        seen = first.get(job_id, set()) | second.get(job_id, set())
+        still = dict(store.unfinished(job_id))
+        lost = sorted((k, p) for k, p in still.items() if k in pending and k not in seen)
+        if lost:
+            log.warning("job %s: %d prompt message(s) lost by the broker; sending them again",
+                        job_id, len(lost))
+            send(job_id, lost, queue)
+            store.mark_sent(job_id, queue)
+        out[job_id] = RequeueResult(job_id, len(still), len(lost))
+    return out
+
+
 def requeue_lost(
     store: JobStore,
     job_id: str,
     *,
     broker_url: str,
-    send: Callable[[str, list[tuple[str, dict[str, Any]]], str], None],
+    send: Send,
     grace: float = 60.0,
     settle: float = 2.0,
     force: bool = False,
@@ -129,41 +198,23 @@ def requeue_lost(
     ``send(job_id, [(key, payload)], queue)`` sends the tasks (:func:`worker.tasks.resend`).
     ``force`` skips the broker inspection and the grace period and resends every pending
     prompt (for brokers that cannot be inspected; duplicates are harmless but cost a run).
+    Raises :class:`~worker.state.UnknownJobError` for a job the store does not know.
     """
-    meta = store.meta(job_id)
-    queue = meta.get("queue", "")
-    pending = dict(store.unfinished(job_id))
-    if not pending:
-        return RequeueResult(job_id, 0, 0, "finished")
-    if not queue:
-        return RequeueResult(job_id, len(pending), 0, "job has no recorded queue")
     if force:
+        queue = store.meta(job_id).get("queue", "")
+        pending = dict(store.unfinished(job_id))
+        if not pending:
+            return RequeueResult(job_id, 0, 0, "finished")
+        if not queue:
+            return RequeueResult(job_id, len(pending), 0, "job has no recorded queue")
         send(job_id, sorted(pending.items()), queue)
         store.mark_sent(job_id, queue)
         return RequeueResult(job_id, len(pending), len(pending))
-    if not _is_redis(broker_url):
-        raise BrokerInspectionError(
-            f"broker {broker_url.split('@')[-1]!r} is not Redis: lost messages can only be "
-            "found on a Redis broker (AMQP brokers redeliver unacknowledged messages "
-            "themselves); use force to resend every pending prompt")
-    age = time.time() - float(meta.get("sent", 0.0))
-    if age < grace:
-        return RequeueResult(job_id, len(pending), 0, f"messages sent {age:.0f} s ago")
-    r = redis.Redis.from_url(broker_url)
-    try:
-        seen = in_broker(r, job_id, [queue])
-        time.sleep(settle)
-        seen |= in_broker(r, job_id, [queue])
-    finally:
-        r.close()
-    still = dict(store.unfinished(job_id))
-    lost = sorted((k, p) for k, p in still.items() if k in pending and k not in seen)
-    if lost:
-        log.warning("job %s: %d prompt message(s) lost by the broker; sending them again",
-                    job_id, len(lost))
-        send(job_id, lost, queue)
-        store.mark_sent(job_id, queue)
-    return RequeueResult(job_id, len(still), len(lost))
+    res = requeue_lost_jobs(store, [job_id], broker_url=broker_url, send=send, grace=grace,
+                            settle=settle)
+    if job_id not in res:
+        raise UnknownJobError(job_id)
+    return res[job_id]
 
 
 class Sweeper:
@@ -174,7 +225,7 @@ class Sweeper:
     """
 
     def __init__(self, store: JobStore, *, broker_url: str, interval: float, grace: float,
-                 send: Callable[[str, list[tuple[str, dict[str, Any]]], str], None]) -> None:
+                 send: Send) -> None:
         self.store, self.broker_url = store, broker_url
         self.interval, self.grace, self.send = interval, grace, send
         self._stop = threading.Event()
@@ -192,25 +243,17 @@ class Sweeper:
         lock = f"{self.store.prefix}:sweep-lock"
         if not self.store.r.set(lock, "1", nx=True, ex=max(1, int(self.interval))):
             return []
-        out = []
-        for job_id in self.store.active_jobs():
-            try:
-                res = requeue_lost(self.store, job_id, broker_url=self.broker_url,
-                                   send=self.send, grace=self.grace)
-            except UnknownJobError:  # expired or purged
+        jobs = self.store.active_jobs()
+        res = requeue_lost_jobs(self.store, jobs, broker_url=self.broker_url, send=self.send,
+                                grace=self.grace)
+        for job_id in jobs:
+            if job_id not in res or res[job_id].skipped == "finished":  # expired or done
                 self.store.retire(job_id)
-                continue
-            except Exception:  # one job's trouble must not stop the sweeps of the others
-                log.warning("sweeping job %s failed", job_id, exc_info=True)
-                continue
-            if res.skipped == "finished":
-                self.store.retire(job_id)
-            out.append(res)
-        return out
+        return list(res.values())
 
     def _main(self) -> None:
         while not self._stop.wait(self.interval):
             try:
                 self.sweep_once()
-            except redis.exceptions.RedisError:
-                log.warning("sweep failed (Redis unreachable?)", exc_info=True)
+            except Exception:  # the thread must outlive a bad sweep (Redis down, odd data)
+                log.warning("sweep failed; trying again in %g s", self.interval, exc_info=True)

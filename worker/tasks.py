@@ -63,6 +63,7 @@ from beacon.jobs.spec import (
     canonical_json,
 )
 from worker.app import app, settings
+from worker.config import is_redis_url
 from worker.state import JobStore
 
 __all__ = ["SubmitResult", "get_loop", "resend", "run_prompt", "submit_job"]
@@ -316,14 +317,25 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
     return "failed"
 
 
+def _send_tasks(st: JobStore, job_id: str, spec_ref: str, queue: str,
+                tasks: list[tuple[str, dict[str, Any], int | None]]) -> None:
+    """Send one ``run_prompt`` task per ``(key, record, line)`` to ``queue`` (groups of 500)
+    and stamp the job's send time (what the lost-message sweeper's grace period reads)."""
+    for i in range(0, len(tasks), 500):
+        group(run_prompt.s(job_id, k, r, ln, spec_ref).set(queue=queue)
+              for k, r, ln in tasks[i:i + 500]).apply_async()
+    st.mark_sent(job_id, queue)
+
+
 def resend(job_id: str, items: list[tuple[str, dict[str, Any]]], queue: str,
            *, store: JobStore | None = None) -> None:
     """Send the tasks of registered prompts (``(key, {"record", "line"})``) again."""
     st = store or get_store()
-    ref = st.spec_ref(st.spec(job_id))
-    for i in range(0, len(items), 500):
-        group(run_prompt.s(job_id, k, p["record"], p.get("line"), ref).set(queue=queue)
-              for k, p in items[i:i + 500]).apply_async()
+    _send_tasks(st, job_id, st.spec_ref(st.spec(job_id)), queue,
+                [(k, p["record"], p.get("line")) for k, p in items])
+
+
+_sweeper: Any = None
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]
@@ -331,17 +343,13 @@ def _start_sweeper(**_: Any) -> None:
     # In the worker's main process: periodically resend prompts whose message the broker lost
     # (a worker killed between Redis's pop and kombu's unacked bookkeeping; worker.recovery).
     global _sweeper
-    if settings.sweep_interval <= 0 or not settings.broker_url.startswith(
-            ("redis://", "rediss://", "unix://")):
+    if settings.sweep_interval <= 0 or not is_redis_url(settings.broker_url):
         return
     from worker.recovery import Sweeper
 
     _sweeper = Sweeper(JobStore.from_settings(settings), broker_url=settings.broker_url,
                        interval=settings.sweep_interval, grace=settings.sweep_grace,
                        send=resend).start()
-
-
-_sweeper: Any = None
 
 
 # -- submission ------------------------------------------------------------------------------------
@@ -388,25 +396,23 @@ def submit_job(
     enqueued = already = bad = 0
     batch: list[tuple[str, dict[str, Any], int | None]] = []
 
+    target = queue or settings.queue
+
     def flush() -> None:
         nonlocal enqueued, already
         if not batch:
             return
         # Stamped before registering too: the lost-message sweeper leaves alone a job whose
         # prompts are registered but whose messages are still being sent (worker.recovery).
-        st.mark_sent(job_id, queue or settings.queue)
+        st.mark_sent(job_id, target)
         st.add_prompts(job_id, [(k, {"record": r, "line": ln}) for k, r, ln in batch])
         flags = st.outcome_flags(job_id, [k for k, _, _ in batch])
-        sigs = []
-        for (k, r, ln), (has_res, has_err) in zip(batch, flags, strict=True):
-            if has_res or (has_err and not retry_failed):
-                already += 1
-                continue
-            sigs.append(run_prompt.s(job_id, k, r, ln, spec_ref).set(queue=queue or settings.queue))
-        if sigs:
-            group(sigs).apply_async()
-            st.mark_sent(job_id, queue or settings.queue)
-            enqueued += len(sigs)
+        todo = [item for item, (has_res, has_err) in zip(batch, flags, strict=True)
+                if not (has_res or (has_err and not retry_failed))]
+        already += len(batch) - len(todo)
+        if todo:
+            _send_tasks(st, job_id, spec_ref, target, todo)
+            enqueued += len(todo)
         batch.clear()
 
     seen: set[str] = set()

@@ -744,6 +744,7 @@ def status_command(
     store = _store()
     st = _status_or_exit(store, job)
     payload: dict[str, Any] = st.to_dict()
+    rq = None
     if requeue_lost:
         from worker.app import settings
         from worker.recovery import BrokerInspectionError
@@ -770,11 +771,10 @@ def status_command(
         f"{st.pending} pending ({st.source})",
         markup=False,
     )
-    if requeue_lost:
-        rq = payload["requeue"]
+    if rq is not None:
         out_console.print(
-            f"job {job}: {rq['lost']} lost prompt message(s) sent again"
-            + (f" ({rq['skipped']})" if rq["skipped"] else ""),
+            f"job {job}: {rq.lost} lost prompt message(s) sent again"
+            + (f" ({rq.skipped})" if rq.skipped else ""),
             markup=False,
         )
 

@@ -203,14 +203,8 @@ def _make_update(robust: bool, q: float) -> Callable[[NormalState, float], tuple
         alpha1 = alpha + 0.5
         beta1 = beta + nu * d * d / (2.0 * nu1)
         k1 = k + 1
-        if k1 < k0 or nu1 <= 0 or alpha1 <= 0:  # _scale(k1, k0, nu1, alpha1, beta1), inlined
-            sigma1 = _NAN
-        else:
-            sigma1 = _sqrt((nu1 + 1.0) * beta1 / (nu1 * alpha1))
-            if not sigma1 > SIGMA_FLOOR:
-                sigma1 = SIGMA_FLOOR
         z1 = reward if reward > z else z  # == max(z, reward)
-        return (k1, z1, mu + d / nu1, nu1, alpha1, beta1, k0, sigma1)
+        return (k1, z1, mu + d / nu1, nu1, alpha1, beta1, k0, _scale(k1, k0, nu1, alpha1, beta1))
 
     return update
 

@@ -207,8 +207,7 @@ async def arun_job(
                 try:
                     await asyncio.to_thread(prepare_config, cfg)
                 except Exception as exc:  # a table that cannot be built: keep the old prior
-                    starter.config = old
-                    starter.refits[-1].error = f"{type(exc).__name__}: {exc}"
+                    starter.revert(old, exc)
 
     def maybe_refit() -> None:
         nonlocal refitting

@@ -172,6 +172,12 @@ class WarmStarter:
                                   transform=None if cfg.transform is None else cfg.transform.kind))
         return cfg
 
+    def revert(self, previous: BeaconConfig, exc: BaseException) -> None:
+        """Undo the last refit (its config could not be prepared, e.g. its h-table could not
+        be built): go back to ``previous`` and record why."""
+        self.config = previous
+        self.refits[-1].error = f"{type(exc).__name__}: {exc}"
+
     def _fit(self, rows: list[list[float]]) -> BeaconConfig:
         from beacon.fitting import fit_prior, fit_reward_model
 
