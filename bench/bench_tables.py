@@ -1,7 +1,8 @@
 """Benchmark of the h-index tables: compile, build (n = 32, 128) and lookup, with baselines.
 
-Run: ``python -m bench.bench_tables`` (add ``--quick`` to skip n = 128). Every figure is printed
-beside a baseline measured in the same run:
+Run: ``python -m bench.bench_tables`` (add ``--quick`` to skip n = 128, ``--precise`` to also
+time the precise recipe of the shipped tables, about 2 minutes). Every figure is printed beside a
+baseline measured in the same run:
 
 * build: the slow reference of the tests (scipy ``quad`` + ``brentq`` per grid point) timed on
   a few points of the row ``n - 2`` (the cheapest row for it: the next stage is closed form) and
@@ -96,14 +97,23 @@ def _scipy_point_seconds(n: int, points: int = 3) -> float:
     return (time.perf_counter() - t0) / points
 
 
-def _build_seconds(n: int, repeat: int) -> float:
-    from beacon.index.build import build_table
+def _build_seconds(n: int, repeat: int, precise: bool = False, threads: int = 0) -> float:
+    """Best of ``repeat`` builds (standard recipe unless ``precise``; ``threads`` 0 = all)."""
+    import numba
 
-    best = math.inf
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        build_table(n)
-        best = min(best, time.perf_counter() - t0)
+    from beacon.index.build import PRECISE, STANDARD, build_table
+
+    before = numba.get_num_threads()
+    if threads:
+        numba.set_num_threads(threads)
+    try:
+        best = math.inf
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            build_table(n, recipe=PRECISE if precise else STANDARD)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        numba.set_num_threads(before)
     return best
 
 
@@ -136,6 +146,7 @@ def _lookup(n: int) -> tuple[float, float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="skip n = 128")
+    ap.add_argument("--precise", action="store_true", help="also time the precise recipe")
     args = ap.parse_args()
     import numba
 
@@ -156,6 +167,20 @@ def main() -> None:
         print(
             f"build n={n:<4d} ours {ours:8.3f} s | scipy quad reference (row n-2 rate x "
             f"{g.npts} points x {rows} rows) {base:9.0f} s | ratio {base / ours:9.0f}x"
+        )
+    if numba.get_num_threads() > 1:
+        one = _build_seconds(32, 2, threads=1)
+        alln = _build_seconds(32, 2)
+        print(
+            f"build n=32   1 thread {one:8.3f} s | {numba.get_num_threads()} threads {alln:8.3f} s"
+            f" | parallel speed-up {one / alln:5.2f}x"
+        )
+    if args.precise:
+        prec = _build_seconds(32, 1, precise=True)
+        std = _build_seconds(32, 1)
+        print(
+            f"build n=32   precise recipe {prec:8.1f} s | standard recipe {std:8.3f} s | "
+            f"ratio {prec / std:5.1f}x"
         )
     ours, njit_py, base = _lookup(32)
     print(

@@ -446,10 +446,19 @@ def test_table_builds_then_loads_from_cache(
     assert code == 0
     files = list(tmp_path.glob("*.npz"))
     assert len(files) == 1 and str(files[0]) in " ".join(out.split())
-    assert "built and cached" in out and "time:" in out
+    assert "standard, built and cached" in out and "time:" in out and "recipe: standard" in out
     clear_memory_cache()
     code, out, _ = run("table", "-n", "6")
-    assert code == 0 and "loaded from the disk cache" in out
+    assert code == 0 and "standard, from the disk cache" in out
+    clear_memory_cache()
+    code, out, _ = run("table", "-n", "6", "--precise")
+    assert code == 0 and "precise, built and cached" in out and "recipe: precise" in out
+    assert len(list(tmp_path.glob("*-precise.npz"))) == 1
+    clear_memory_cache()
+    code, out, _ = run("table", "-n", "6")
+    assert code == 0 and "precise, from the disk cache" in out
+    code, out, _ = run("table", "-n", "32")
+    assert code == 0 and "precise, shipped with the package" in out
     code, _, err = run("table", "-n", "3")
     assert code == 2 and "--horizon" in err
     clear_memory_cache()

@@ -11,10 +11,11 @@ import pytest
 
 from beacon.index import cache as cache_mod
 from beacon.index import get_table
-from beacon.index.build import FORMAT_VERSION, build_table
+from beacon.index.build import FORMAT_VERSION, PRECISE, STANDARD, Recipe, build_table
+from beacon.index.ship import SHIPPED_HORIZONS
 from beacon.index.table import HTable
 
-SHIPPED = [4, 8, 12, 16, 24, 32, 48, 64]
+SHIPPED = list(SHIPPED_HORIZONS)
 
 
 @pytest.fixture()
@@ -39,7 +40,9 @@ def test_shipped_tables_load_without_building(
         total += path.stat().st_size
         t = get_table(n)
         assert (t.n, t.alpha0, t.nu0, t.k_min) == (n, -0.5, 0.0, 3)
+        assert t.recipe == PRECISE and t.recipe.name == "precise"
         assert get_table(n) is t  # memoised
+        assert get_table(n, precise=True) is t  # already precise
     assert total < 4_000_000
     assert not list(cache_dir.iterdir())  # nothing written
 
@@ -49,20 +52,52 @@ def test_npz_format_has_no_pickles_and_names_the_prior() -> None:
     with np.load(path, allow_pickle=False) as f:
         assert int(f["format_version"]) == FORMAT_VERSION
         assert (int(f["n"]), float(f["alpha0"]), float(f["nu0"])) == (16, -0.5, 0.0)
-        for key in ("z", "logh", "m2", "dof", "x_lo", "dx", "scale", "k_min"):
+        for key in ("z", "logh", "m2", "dof", "x_lo", "dx", "scale", "k_min", "recipe"):
             assert f[key].dtype != object
+        assert Recipe.from_array(f["recipe"]) == PRECISE
 
 
-def test_shipped_table_equals_a_fresh_build() -> None:
+def test_standard_build_agrees_with_the_shipped_precise_table() -> None:
+    # (that a precise build reproduces the shipped file: tests/test_index_precise.py)
     shipped = HTable.from_npz(cache_mod.shipped_path(8, -0.5, 0.0))
-    fresh = build_table(8)
-    np.testing.assert_allclose(shipped.logh, fresh.logh, rtol=0, atol=1e-12)
+    standard = build_table(8)
+    assert standard.recipe == STANDARD and standard.z.shape[0] < shipped.z.shape[0]
+    z = standard.z[standard.z <= 4.0]
+    for k in range(3, 8):
+        np.testing.assert_allclose(standard.h(k, z), shipped.h(k, z), rtol=1e-4)
+
+
+def test_recipe_round_trips_and_custom_builds_are_labelled() -> None:
+    for r in (STANDARD, PRECISE):
+        assert Recipe.from_array(r.as_array()) is r
+    t = build_table(5, quad=PRECISE.quad)
+    assert t.recipe.name == "custom" and t.recipe.quad == PRECISE.quad
+    with pytest.raises(ValueError, match="recipe"):
+        Recipe.from_array([1.0, 2.0])
+
+
+def test_precise_request_builds_once_and_is_preferred(cache_dir: Path) -> None:
+    t = get_table(6, alpha0=0.5, nu0=1.0)
+    assert t.recipe == STANDARD
+    p = get_table(6, alpha0=0.5, nu0=1.0, precise=True)
+    assert p.recipe == PRECISE and p is not t
+    names = sorted(f.name for f in cache_dir.glob("*.npz"))
+    assert names == sorted(
+        [
+            cache_mod.table_filename(6, 0.5, 1.0),
+            cache_mod.table_filename(6, 0.5, 1.0, precise=True),
+        ]
+    )
+    cache_mod.clear_memory_cache()
+    # a new process finds the precise file first
+    assert get_table(6, alpha0=0.5, nu0=1.0).recipe == PRECISE
 
 
 def test_build_then_disk_cache_roundtrip(cache_dir: Path) -> None:
     t = get_table(7, alpha0=0.5, nu0=1.0)
+    assert t.recipe == STANDARD
     files = list(cache_dir.glob("*.npz"))
-    assert len(files) == 1 and "n7" in files[0].name
+    assert len(files) == 1 and "n7" in files[0].name and "precise" not in files[0].name
     cache_mod.clear_memory_cache()
     t2 = get_table(7, alpha0=0.5, nu0=1.0)
     assert t2 is not t

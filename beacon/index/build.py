@@ -7,7 +7,12 @@ factor ``sqrt((1 - 1/(nu0+k+1)^2) / (2 alpha0 + k + 1))`` of eq. parameter_updat
 prior and wraps the result in an :class:`~beacon.index.table.HTable`.
 
 Grid (see :func:`choose_grid` and docs/h_index.md): nodes ``z_i = a sinh(x_i)`` with ``x``
-uniform, ``a = GRID_SCALE``, step ``GRID_DX`` in ``x``.
+uniform, ``a = GRID_SCALE``, step ``Recipe.dx`` in ``x``.
+
+Two recipes (grid step and quadrature, :class:`Recipe`): :data:`STANDARD` for tables built on
+demand (any prior; about 1 s for n = 32 on 2 cores, deep rows good to ~3e-4 relative) and
+:data:`PRECISE` for the shipped Jeffreys tables and ``beacon table --precise`` (about 200 times
+slower; every row within 1e-6 of independent references, docs/h_index.md).
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ __all__ = [
     "GRID_SCALE",
     "MAX_ALPHA0",
     "MAX_HORIZON",
+    "PRECISE",
+    "STANDARD",
     "GridSpec",
     "QuadratureSpec",
+    "Recipe",
     "build_table",
     "build_table_with_points",
     "choose_grid",
@@ -40,8 +48,8 @@ __all__ = [
 ]
 
 #: Version of the table format and of the numerical recipe; bumping it invalidates caches.
-FORMAT_VERSION = 3
-#: Step of the uniform grid in ``x = asinh(z / GRID_SCALE)``.
+FORMAT_VERSION = 4
+#: Step of the uniform grid in ``x = asinh(z / GRID_SCALE)`` (standard recipe).
 GRID_DX = 0.015
 #: Scale ``a`` of the map ``z = a sinh(x)``.
 GRID_SCALE = 2.0
@@ -87,6 +95,54 @@ class QuadratureSpec:
         """Gauss-Legendre nodes and weights on [-1, 1]."""
         x, w = np.polynomial.legendre.leggauss(self.order)
         return np.ascontiguousarray(x, dtype=np.float64), np.ascontiguousarray(w, dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """The numerical recipe of a build: grid step ``dx`` in ``x`` and the quadrature.
+
+    Stored in every table file (``recipe``: ``dx, order, panels, graded, ratio, su, nseg``) so
+    that a table says how it was computed; :meth:`as_array` / :meth:`from_array` convert.
+    """
+
+    name: str
+    dx: float
+    quad: QuadratureSpec
+
+    def as_array(self) -> np.ndarray:
+        """``[dx, order, panels, graded, ratio, su, nseg]`` as float64."""
+        q = self.quad
+        return np.array(
+            [self.dx, q.order, q.panels, q.graded, q.ratio, q.su, q.nseg], dtype=np.float64
+        )
+
+    @classmethod
+    def from_array(cls, a: npt.ArrayLike) -> Recipe:
+        """Inverse of :meth:`as_array`; the name is that of a preset with these numbers, if any."""
+        v = [float(x) for x in np.asarray(a, dtype=np.float64).reshape(-1)]
+        if len(v) != 7:
+            raise ConfigError("recipe", v, "expected dx, order, panels, graded, ratio, su, nseg")
+        quad = QuadratureSpec(
+            order=int(v[1]),
+            panels=int(v[2]),
+            graded=int(v[3]),
+            ratio=v[4],
+            su=v[5],
+            nseg=int(v[6]),
+        )
+        for preset in (STANDARD, PRECISE):
+            if preset.dx == v[0] and preset.quad == quad:
+                return preset
+        return cls("custom", v[0], quad)
+
+
+#: Tables built on demand: ``nseg = 8`` cost levels per segment, 16 panels of order 12 (the
+#: cost representation limits these tables to ~3e-4; 32 panels cost 45% more time for nothing).
+STANDARD = Recipe("standard", GRID_DX, QuadratureSpec(panels=16))
+#: Shipped tables and ``beacon table --precise``: grid step / 4, 48 panels of order 14 and
+#: ``nseg = 64``; every row within 1e-6 of the independent references (docs/h_index.md,
+#: tests/test_index_allrows.py, tests/test_index_precise.py).
+PRECISE = Recipe("precise", GRID_DX / 4.0, QuadratureSpec(order=14, panels=48, nseg=64))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +225,18 @@ def build_table(
     alpha0: float = -0.5,
     nu0: float = 0.0,
     *,
+    recipe: Recipe = STANDARD,
     grid: GridSpec | None = None,
     quad: QuadratureSpec | None = None,
 ) -> HTable:
-    """Build ``h_{n,k}`` for ``k_min <= k < n`` by the recursion (no caching)."""
-    table, _ = build_table_with_points(n, alpha0, nu0, np.empty(0), grid=grid, quad=quad)
+    """Build ``h_{n,k}`` for ``k_min <= k < n`` by the recursion (no caching).
+
+    ``recipe`` sets the grid step and the quadrature; ``grid`` / ``quad`` override either part
+    (the table then records a ``custom`` recipe).
+    """
+    table, _ = build_table_with_points(
+        n, alpha0, nu0, np.empty(0), recipe=recipe, grid=grid, quad=quad
+    )
     return table
 
 
@@ -183,6 +246,7 @@ def build_table_with_points(
     nu0: float,
     points: npt.ArrayLike,
     *,
+    recipe: Recipe = STANDARD,
     grid: GridSpec | None = None,
     quad: QuadratureSpec | None = None,
 ) -> tuple[HTable, npt.NDArray[np.float64]]:
@@ -197,8 +261,9 @@ def build_table_with_points(
 
     n, alpha0, nu0 = validate_table_args(n, alpha0, nu0)
     kmin = k_min_for(alpha0, nu0)
-    g = grid or choose_grid(n, alpha0, nu0)
-    q = quad or QuadratureSpec()
+    g = grid or choose_grid(n, alpha0, nu0, dx=recipe.dx)
+    q = quad or recipe.quad
+    used = recipe if grid is None and quad is None else Recipe("custom", g.dx, q)
     kern = load_tables()
     zs = g.nodes()
     zx = np.ascontiguousarray(np.asarray(points, dtype=np.float64).reshape(-1))
@@ -219,5 +284,6 @@ def build_table_with_points(
         logh=np.ascontiguousarray(logh),
         m2=np.ascontiguousarray(m2),
         dof=dof,
+        recipe=used,
     )
     return table, np.exp(loghx)

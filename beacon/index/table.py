@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
 
 from beacon.errors import ConfigError
+
+if TYPE_CHECKING:
+    from beacon.index.build import Recipe
 
 __all__ = ["HTable"]
 
@@ -45,7 +48,9 @@ class HTable:
         n: horizon; alpha0, nu0: the NIG prior parameters the table depends on;
         k_min: first row (``max(k0, 1)``, see :func:`beacon.index.build.k_min_for`);
         z: grid nodes ``z_i = scale * sinh(x_lo + i dx)``; logh: ``log h`` per row and node;
-        m2: cubic-spline second derivatives of ``logh`` in ``x``; dof: ``2 alpha0 + k`` per row.
+        m2: cubic-spline second derivatives of ``logh`` in ``x``; dof: ``2 alpha0 + k`` per row;
+        recipe: the grid step and quadrature it was built with (``recipe.name`` is ``standard``
+        for on-demand builds, ``precise`` for the shipped tables).
     """
 
     __slots__ = (
@@ -58,6 +63,7 @@ class HTable:
         "m2",
         "n",
         "nu0",
+        "recipe",
         "scale",
         "x_lo",
         "z",
@@ -77,6 +83,7 @@ class HTable:
         logh: FloatArray,
         m2: FloatArray,
         dof: FloatArray,
+        recipe: Recipe,
     ) -> None:
         rows = n - k_min
         npts = z.shape[0]
@@ -97,6 +104,7 @@ class HTable:
         self.logh = np.ascontiguousarray(logh, dtype=np.float64)
         self.m2 = np.ascontiguousarray(m2, dtype=np.float64)
         self.dof = np.ascontiguousarray(dof, dtype=np.float64)
+        self.recipe = recipe
         for a in (self.z, self.logh, self.m2, self.dof):
             a.setflags(write=False)
         self._arrays = (
@@ -174,12 +182,13 @@ class HTable:
             logh=self.logh,
             m2=self.m2,
             dof=self.dof,
+            recipe=self.recipe.as_array(),
         )
 
     @classmethod
     def from_npz(cls, path: str | Path) -> HTable:
         """Read a table written by :meth:`to_npz`; raises ``ValueError`` on a bad file."""
-        from beacon.index.build import FORMAT_VERSION
+        from beacon.index.build import FORMAT_VERSION, Recipe
 
         with np.load(path, allow_pickle=False) as f:
             version = int(f["format_version"])
@@ -199,10 +208,12 @@ class HTable:
                 logh=np.array(f["logh"], dtype=np.float64),
                 m2=np.array(f["m2"], dtype=np.float64),
                 dof=np.array(f["dof"], dtype=np.float64),
+                recipe=Recipe.from_array(f["recipe"]),
             )
 
     def __repr__(self) -> str:
         return (
             f"HTable(n={self.n}, alpha0={self.alpha0}, nu0={self.nu0}, k_min={self.k_min}, "
-            f"grid={self.z.shape[0]} nodes on [{self.z[0]:.3g}, {self.z[-1]:.3g}])"
+            f"grid={self.z.shape[0]} nodes on [{self.z[0]:.3g}, {self.z[-1]:.3g}], "
+            f"recipe={self.recipe.name})"
         )
