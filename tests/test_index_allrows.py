@@ -19,7 +19,8 @@ for n = 32, about 2 minutes and 0.8 GB): their difference is the reference's own
 and the shipped tables (precise recipe) must agree with the finer one to 1e-6 relative on every
 row at every compared node (docs/h_index.md, "Recipes and accuracy", has the measured figures;
 the reference converges onto the table as it is refined). Rows n-1 .. n-3 are also certified
-by scipy in tests/test_index_reference.py, and tests/test_index_precise.py checks the recipe's
+by scipy in tests/test_index_reference.py; tests/test_index_precise.py checks that the shipped
+files are what the precise recipe builds, and ``python -m bench.table_convergence`` measures its
 self-convergence.
 """
 

@@ -77,20 +77,20 @@ def test_recipe_round_trips_and_custom_builds_are_labelled() -> None:
 
 
 def test_precise_request_builds_once_and_is_preferred(cache_dir: Path) -> None:
-    t = get_table(6, alpha0=0.5, nu0=1.0)
+    t = get_table(4, alpha0=0.5, nu0=1.0)
     assert t.recipe == STANDARD
-    p = get_table(6, alpha0=0.5, nu0=1.0, precise=True)
+    p = get_table(4, alpha0=0.5, nu0=1.0, precise=True)
     assert p.recipe == PRECISE and p is not t
     names = sorted(f.name for f in cache_dir.glob("*.npz"))
     assert names == sorted(
         [
-            cache_mod.table_filename(6, 0.5, 1.0),
-            cache_mod.table_filename(6, 0.5, 1.0, precise=True),
+            cache_mod.table_filename(4, 0.5, 1.0),
+            cache_mod.table_filename(4, 0.5, 1.0, precise=True),
         ]
     )
     cache_mod.clear_memory_cache()
     # a new process finds the precise file first
-    assert get_table(6, alpha0=0.5, nu0=1.0).recipe == PRECISE
+    assert get_table(4, alpha0=0.5, nu0=1.0).recipe == PRECISE
 
 
 def test_build_then_disk_cache_roundtrip(cache_dir: Path) -> None:
