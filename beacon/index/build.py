@@ -10,7 +10,7 @@ Grid (see :func:`choose_grid` and docs/h_index.md): nodes ``z_i = a sinh(x_i)`` 
 uniform, ``a = GRID_SCALE``, step ``Recipe.dx`` in ``x``.
 
 Two recipes (grid step and quadrature, :class:`Recipe`): :data:`STANDARD` for tables built on
-demand (any prior; about 1 s for n = 32 on 2 cores, deep rows good to ~3e-4 relative) and
+demand (any prior; about 1.2 s for n = 32 on 2 cores, deep rows good to ~3e-4 relative) and
 :data:`PRECISE` for the shipped Jeffreys tables and ``beacon table --precise`` (about 200 times
 slower; every row within 1e-6 of independent references, docs/h_index.md).
 """

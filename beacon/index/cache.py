@@ -112,7 +112,7 @@ def get_table(n: int, alpha0: float = -0.5, nu0: float = 0.0, *, precise: bool =
     """The table ``h_{n,k}`` for prior ``(alpha0, nu0)``: memo, disk cache, shipped, else build.
 
     Any precise table found is preferred. When none is found, the table is built with the
-    standard recipe (about 1 s for n = 32 on 2 cores), or with the precise one if ``precise``
+    standard recipe (about 1.2 s for n = 32 on 2 cores), or with the precise one if ``precise``
     (about 4 minutes; docs/h_index.md), and written to the disk cache; an unwritable cache only
     warns.
     """
