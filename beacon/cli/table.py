@@ -60,7 +60,7 @@ def table_command(
         usage_error(f"{horizon}: must be >= k0 + 1 = {p.k0 + 1} for this prior", "--horizon")
     found = [
         (what, path)
-        for what, path in table_sources(horizon, p.alpha0, p.nu0, precise=precise)
+        for what, path, _ in table_sources(horizon, p.alpha0, p.nu0, precise=precise)
         if path.is_file()
     ]
     if found:

@@ -24,6 +24,7 @@ from beacon.index.build import (
     FORMAT_VERSION,
     PRECISE,
     STANDARD,
+    Recipe,
     build_table,
     validate_table_args,
 )
@@ -64,31 +65,36 @@ def shipped_path(n: int, alpha0: float, nu0: float) -> Path:
 
 def table_sources(
     n: int, alpha0: float, nu0: float, *, precise: bool = False
-) -> list[tuple[str, Path]]:
-    """Where :func:`get_table` looks, in order: ``(description, path)`` pairs.
+) -> list[tuple[str, Path, Recipe]]:
+    """Where :func:`get_table` looks, in order: ``(description, path, recipe it must hold)``.
 
     With ``precise=True`` only precise tables qualify (the standard cache file is skipped).
     """
     here = cache_dir()
     sources = [
-        ("precise, from the disk cache", here / table_filename(n, alpha0, nu0, precise=True)),
-        ("precise, shipped with the package", shipped_path(n, alpha0, nu0)),
+        (
+            "precise, from the disk cache",
+            here / table_filename(n, alpha0, nu0, precise=True),
+            PRECISE,
+        ),
+        ("precise, shipped with the package", shipped_path(n, alpha0, nu0), PRECISE),
     ]
     if not precise:
-        sources.append(("standard, from the disk cache", here / table_filename(n, alpha0, nu0)))
+        sources.append(
+            ("standard, from the disk cache", here / table_filename(n, alpha0, nu0), STANDARD)
+        )
     return sources
 
 
-def _try_load(path: Path, n: int, alpha0: float, nu0: float, precise: bool) -> HTable | None:
+def _try_load(path: Path, n: int, alpha0: float, nu0: float, recipe: Recipe) -> HTable | None:
+    """The table in ``path`` if it is readable, for ``(n, alpha0, nu0)`` and built by ``recipe``."""
     if not path.is_file():
         return None
     try:
         t = HTable.from_npz(path)
     except (OSError, ValueError, KeyError):
         return None
-    if (t.n, t.alpha0, t.nu0) != (n, alpha0, nu0):
-        return None
-    if precise and t.recipe != PRECISE:
+    if (t.n, t.alpha0, t.nu0, t.recipe) != (n, alpha0, nu0, recipe):
         return None
     return t
 
@@ -124,10 +130,10 @@ def get_table(n: int, alpha0: float = -0.5, nu0: float = 0.0, *, precise: bool =
     with _LOCK:
         t = _MEMO.get(key)
         if t is not None and (t.recipe == PRECISE or not precise):
-            return t
+            return t  # another thread got it while this one waited for the lock
         t = None
-        for _, path in table_sources(n, alpha0, nu0, precise=precise):
-            t = _try_load(path, n, alpha0, nu0, path.name.endswith("-precise.npz"))
+        for _, path, recipe in table_sources(n, alpha0, nu0, precise=precise):
+            t = _try_load(path, n, alpha0, nu0, recipe)
             if t is not None:
                 break
         if t is None:
