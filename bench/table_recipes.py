@@ -70,7 +70,7 @@ def main() -> None:
                 out = []
                 for table in (std, prec):
                     cache.clear_memory_cache()
-                    cache._MEMO[(n, -0.5, 0.0)] = table
+                    cache._MEMO[(n, -0.5, 0.0)] = cache.TableFound(table, "bench", Path())
                     out.append(replay(r, cfg))
                 a, b = out
                 d = (a.n_samples != b.n_samples) | (a.chosen != b.chosen)

@@ -108,8 +108,15 @@ def test_build_then_disk_cache_roundtrip(cache_dir: Path) -> None:
 def test_stale_or_corrupt_cache_file_is_rebuilt(cache_dir: Path) -> None:
     name = cache_mod.table_filename(5, 1.0, 1.0)
     (cache_dir / name).write_bytes(b"not an npz file")
-    t = get_table(5, alpha0=1.0, nu0=1.0)
+    found = cache_mod.find_table(5, alpha0=1.0, nu0=1.0)
+    t = found.table
     assert t.n == 5
+    # the rejected file is not reported as the source: the table was built and written there
+    assert (found.source, found.path) == ("standard, built and cached", cache_dir / name)
+    assert cache_mod.find_table(5, alpha0=1.0, nu0=1.0) is found  # memo keeps the origin
+    cache_mod.clear_memory_cache()
+    again = cache_mod.find_table(5, alpha0=1.0, nu0=1.0)
+    assert (again.source, again.path) == ("standard, from the disk cache", cache_dir / name)
     assert HTable.from_npz(cache_dir / name).n == 5
     # a wrong format version is rejected with a typed error naming the field
     bad = cache_dir / "bad.npz"

@@ -48,7 +48,7 @@ def table_command(
     Prints where the table lives (the disk cache: $BEACON_CACHE_DIR or ~/.cache/beacon, or the
     tables shipped with the package), its recipe and how long getting it took.
     """
-    from beacon.index.cache import cache_dir, get_table, table_filename, table_sources
+    from beacon.index.cache import find_table
 
     p = NIGPrior.jeffreys()
     if prior is not None:
@@ -58,27 +58,18 @@ def table_command(
         p = loaded
     if horizon < p.k0 + 1:
         usage_error(f"{horizon}: must be >= k0 + 1 = {p.k0 + 1} for this prior", "--horizon")
-    found = [
-        (what, path)
-        for what, path, _ in table_sources(horizon, p.alpha0, p.nu0, precise=precise)
-        if path.is_file()
-    ]
-    if found:
-        source, where = found[0]
-    else:
-        recipe = "precise" if precise else "standard"
-        where = cache_dir() / table_filename(horizon, p.alpha0, p.nu0, precise=precise)
-        source = f"{recipe}, built and cached"
-    with spinner(f"h-index table n={horizon}: {source}"), stopwatch() as elapsed:
-        table = get_table(horizon, p.alpha0, p.nu0, precise=precise)
+    wait = " (a precise build, if needed, takes minutes)" if precise else ""
+    with spinner(f"h-index table n={horizon}{wait}"), stopwatch() as elapsed:
+        found = find_table(horizon, p.alpha0, p.nu0, precise=precise)
     out_console.print(
-        f"h-index table n={horizon}, alpha0={p.alpha0:g}, nu0={p.nu0:g}: {source}", markup=False
+        f"h-index table n={horizon}, alpha0={p.alpha0:g}, nu0={p.nu0:g}: {found.source}",
+        markup=False,
     )
-    out_console.print(f"  recipe: {table.recipe.name}", markup=False)
-    if where.is_file():
-        out_console.print(f"  path: {where}", markup=False)
+    out_console.print(f"  recipe: {found.table.recipe.name}", markup=False)
+    if found.path.is_file():
+        out_console.print(f"  path: {found.path}", markup=False)
     else:
-        out_console.print(f"  path: none (could not write the cache {where})", markup=False)
+        out_console.print(f"  path: none (could not write the cache {found.path})", markup=False)
     out_console.print(f"  time: {elapsed[0]:.3f} s", markup=False)
 
 

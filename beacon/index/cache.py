@@ -18,6 +18,7 @@ import os
 import tempfile
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from beacon.index.build import (
@@ -31,15 +32,17 @@ from beacon.index.build import (
 from beacon.index.table import HTable
 
 __all__ = [
+    "TableFound",
     "cache_dir",
     "clear_memory_cache",
+    "find_table",
     "get_table",
     "shipped_path",
     "table_filename",
     "table_sources",
 ]
 
-_MEMO: dict[tuple[int, float, float], HTable] = {}
+_MEMO: dict[tuple[int, float, float], TableFound] = {}
 _LOCK = threading.Lock()
 _DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -114,30 +117,50 @@ def save_atomic(table: HTable, path: Path) -> None:
         raise
 
 
-def get_table(n: int, alpha0: float = -0.5, nu0: float = 0.0, *, precise: bool = False) -> HTable:
-    """The table ``h_{n,k}`` for prior ``(alpha0, nu0)``: memo, disk cache, shipped, else build.
+@dataclass(frozen=True, slots=True)
+class TableFound:
+    """A table and where :func:`find_table` got it: ``source`` as in :func:`table_sources`
+    (or ``"<recipe>, built and cached"``) and the file it lives in (after a build, the cache file
+    it was written to, which is missing if the cache was not writable)."""
 
-    Any precise table found is preferred. When none is found, the table is built with the
-    standard recipe (about 1.2 s for n = 32 on 2 cores), or with the precise one if ``precise``
-    (about 4 minutes; docs/h_index.md), and written to the disk cache; an unwritable cache only
-    warns.
+    table: HTable
+    source: str
+    path: Path
+
+
+def _serves(found: TableFound, precise: bool) -> bool:
+    """Whether a memoised table answers a request (a precise request needs a precise table)."""
+    return found.table.recipe == PRECISE or not precise
+
+
+def find_table(
+    n: int, alpha0: float = -0.5, nu0: float = 0.0, *, precise: bool = False
+) -> TableFound:
+    """The table ``h_{n,k}`` for prior ``(alpha0, nu0)`` and where it came from.
+
+    Memo, then the files of :func:`table_sources` in order (any precise table is preferred);
+    when none is found, the table is built with the standard recipe (about 1 s for n = 32 on 2
+    cores), or with the precise one if ``precise`` (about 4 minutes; docs/h_index.md), and
+    written to the disk cache; an unwritable cache only warns.
     """
     n, alpha0, nu0 = validate_table_args(n, alpha0, nu0)
     key = (n, alpha0, nu0)
-    t = _MEMO.get(key)
-    if t is not None and (t.recipe == PRECISE or not precise):
-        return t
+    found = _MEMO.get(key)
+    if found is not None and _serves(found, precise):
+        return found
     with _LOCK:
-        t = _MEMO.get(key)
-        if t is not None and (t.recipe == PRECISE or not precise):
-            return t  # another thread got it while this one waited for the lock
-        t = None
-        for _, path, recipe in table_sources(n, alpha0, nu0, precise=precise):
+        found = _MEMO.get(key)
+        if found is not None and _serves(found, precise):
+            return found  # another thread got it while this one waited for the lock
+        found = None
+        for source, path, recipe in table_sources(n, alpha0, nu0, precise=precise):
             t = _try_load(path, n, alpha0, nu0, recipe)
             if t is not None:
+                found = TableFound(t, source, path)
                 break
-        if t is None:
-            t = build_table(n, alpha0, nu0, recipe=PRECISE if precise else STANDARD)
+        if found is None:
+            recipe = PRECISE if precise else STANDARD
+            t = build_table(n, alpha0, nu0, recipe=recipe)
             cached = cache_dir() / table_filename(n, alpha0, nu0, precise=precise)
             try:
                 save_atomic(t, cached)
@@ -147,8 +170,15 @@ def get_table(n: int, alpha0: float = -0.5, nu0: float = 0.0, *, precise: bool =
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        _MEMO[key] = t
-        return t
+            found = TableFound(t, f"{recipe.name}, built and cached", cached)
+        _MEMO[key] = found
+        return found
+
+
+def get_table(n: int, alpha0: float = -0.5, nu0: float = 0.0, *, precise: bool = False) -> HTable:
+    """The table ``h_{n,k}`` for prior ``(alpha0, nu0)``: memo, disk cache, shipped, else build
+    (:func:`find_table`)."""
+    return find_table(n, alpha0, nu0, precise=precise).table
 
 
 def clear_memory_cache() -> None:
