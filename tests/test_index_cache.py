@@ -11,7 +11,14 @@ import pytest
 
 from beacon.index import cache as cache_mod
 from beacon.index import get_table
-from beacon.index.build import FORMAT_VERSION, PRECISE, STANDARD, Recipe, build_table
+from beacon.index.build import (
+    FORMAT_VERSION,
+    PRECISE,
+    STANDARD,
+    QuadratureSpec,
+    Recipe,
+    build_table,
+)
 from beacon.index.ship import SHIPPED_HORIZONS
 from beacon.index.table import HTable
 
@@ -125,6 +132,19 @@ def test_stale_or_corrupt_cache_file_is_rebuilt(cache_dir: Path) -> None:
     np.savez(bad, **data)
     with pytest.raises(ValueError, match="format_version"):
         HTable.from_npz(bad)
+
+
+def test_cached_table_of_another_standard_recipe_is_rebuilt(cache_dir: Path) -> None:
+    # a file at the standard name whose recipe is no longer STANDARD (e.g. written by a release
+    # with another standard quadrature, same format version) is replaced, not served
+    older = QuadratureSpec(order=12, panels=16, graded=3)
+    assert older != STANDARD.quad
+    name = cache_mod.table_filename(5, 1.0, 1.0)
+    build_table(5, 1.0, 1.0, quad=older).to_npz(cache_dir / name)
+    found = cache_mod.find_table(5, alpha0=1.0, nu0=1.0)
+    assert found.table.recipe == STANDARD
+    assert (found.source, found.path) == ("standard, built and cached", cache_dir / name)
+    assert HTable.from_npz(cache_dir / name).recipe == STANDARD
 
 
 def _build_in_child(cache: str, n: int, q: mp.Queue) -> None:  # type: ignore[type-arg]

@@ -10,7 +10,7 @@ Grid (see :func:`choose_grid` and docs/h_index.md): nodes ``z_i = a sinh(x_i)`` 
 uniform, ``a = GRID_SCALE``, step ``Recipe.dx`` in ``x``.
 
 Two recipes (grid step and quadrature, :class:`Recipe`): :data:`STANDARD` for tables built on
-demand (any prior; about 1.2 s for n = 32 on 2 cores, deep rows good to ~3e-4 relative) and
+demand (any prior; under 1 s for n = 32 on 2 cores, deep rows good to ~3e-4 relative) and
 :data:`PRECISE` for the shipped Jeffreys tables and ``beacon table --precise`` (about 200 times
 slower; every row within 1e-6 of independent references, docs/h_index.md).
 """
@@ -136,9 +136,12 @@ class Recipe:
         return cls("custom", v[0], quad)
 
 
-#: Tables built on demand: ``nseg = 8`` cost levels per segment, 16 panels of order 12 (the
-#: cost representation limits these tables to ~3e-4; 32 panels cost 45% more time for nothing).
-STANDARD = Recipe("standard", GRID_DX, QuadratureSpec(panels=16))
+#: Tables built on demand: ``nseg = 8`` cost levels per segment, 20 panels of order 8 with one
+#: graded panel per end. The cost representation limits these tables to ~3e-4 on deep rows; the
+#: quadrature's own share is ~1e-5 (16 panels of order 12 with three graded panels per end, the
+#: recipe of format 4 before 2026-11-24, took 1.3 times as long for the same tables to 2e-6,
+#: docs/h_index.md).
+STANDARD = Recipe("standard", GRID_DX, QuadratureSpec(order=8, panels=20, graded=1))
 #: Shipped tables and ``beacon table --precise``: grid step / 4, 48 panels of order 14 and
 #: ``nseg = 64``; every row within 1e-6 of the independent references (docs/h_index.md,
 #: tests/test_index_allrows.py, tests/test_index_precise.py).

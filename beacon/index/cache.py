@@ -139,7 +139,7 @@ def find_table(
     """The table ``h_{n,k}`` for prior ``(alpha0, nu0)`` and where it came from.
 
     Memo, then the files of :func:`table_sources` in order (any precise table is preferred);
-    when none is found, the table is built with the standard recipe (about 1 s for n = 32 on 2
+    when none is found, the table is built with the standard recipe (under 1 s for n = 32 on 2
     cores), or with the precise one if ``precise`` (about 4 minutes; docs/h_index.md), and
     written to the disk cache; an unwritable cache only warns.
     """
