@@ -388,7 +388,7 @@ def _values_to_cheb(vals: np.ndarray, off: int, nseg: int) -> None:
 _NSEG = 4
 
 
-@njit(cache=True, fastmath=_CONTRACT)
+@njit(cache=True)
 def _segment_of(row: np.ndarray, nseg: int, s: float) -> tuple[int, float, float]:
     """Segment index and its ends ``[lo, hi]`` containing ``s`` (``s < 1``)."""
     base = _NSEG * nseg

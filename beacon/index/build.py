@@ -138,9 +138,9 @@ class Recipe:
 
 #: Tables built on demand: ``nseg = 8`` cost levels per segment, 20 panels of order 8 with one
 #: graded panel per end. The cost representation limits these tables to ~3e-4 on deep rows; the
-#: quadrature's own share is ~1e-5 (16 panels of order 12 with three graded panels per end, the
-#: recipe of format 4 before 2026-11-24, took 1.3 times as long for the same tables to 2e-6,
-#: docs/h_index.md).
+#: quadrature's own share is ~1e-5. The earlier 16 panels of order 12 with three graded panels
+#: per end took 1.3 times as long and were no closer to the precise tables on deep rows
+#: (docs/h_index.md, "Quadrature of the standard recipe").
 STANDARD = Recipe("standard", GRID_DX, QuadratureSpec(order=8, panels=20, graded=1))
 #: Shipped tables and ``beacon table --precise``: grid step / 4, 48 panels of order 14 and
 #: ``nseg = 64``; every row within 1e-6 of the independent references (docs/h_index.md,
