@@ -11,8 +11,9 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from beacon._kernels._jit import cached_njit
 from beacon._kernels.tables import h_lookup
 
 # Thread start-up costs tens of milliseconds on a busy machine: small replays (a CLI sweep, a
@@ -25,7 +26,7 @@ REASON_ABSORBED = 2
 _SIGMA_FLOOR = 1e-6
 
 
-@njit(cache=True)
+@cached_njit()
 def _next_logged(x: np.ndarray, i: int, col: int) -> int:
     """First column >= ``col`` of row ``i`` holding a logged (non-NaN) sample; n_cols if none."""
     n_cols = x.shape[1]
@@ -167,10 +168,10 @@ def _replay_bernoulli(
     return used, chosen, reason, truncated
 
 
-_normal_serial = njit(cache=True)(_replay_normal)
-_normal_parallel = njit(cache=True, parallel=True)(_replay_normal)
-_bernoulli_serial = njit(cache=True)(_replay_bernoulli)
-_bernoulli_parallel = njit(cache=True, parallel=True)(_replay_bernoulli)
+_normal_serial = cached_njit()(_replay_normal)
+_normal_parallel = cached_njit(parallel=True)(_replay_normal)
+_bernoulli_serial = cached_njit()(_replay_bernoulli)
+_bernoulli_parallel = cached_njit(parallel=True)(_replay_bernoulli)
 
 
 def replay_normal(x: np.ndarray, *args: Any) -> Any:

@@ -55,7 +55,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from beacon._kernels._jit import cached_njit
 
 # Fused multiply-add in the recursion's inner loops (Clenshaw, spline stencils): builds about 4%
 # faster, no precision lost. Only contraction: the code relies on inf and NaN (panel-edge
@@ -65,7 +67,7 @@ _CONTRACT = {"contract"}
 
 
 # --------------------------------------------------------------------------- special functions
-@njit(cache=True)
+@cached_njit()
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
     fpmin = 1e-300
@@ -104,7 +106,7 @@ def _betacf(a: float, b: float, x: float) -> float:
     return h
 
 
-@njit(cache=True)
+@cached_njit()
 def t_sf(z: float, d: float) -> float:
     """Survival function ``1 - F_d(z)`` of the standard Student-t with ``d`` dof."""
     z2 = z * z
@@ -129,13 +131,13 @@ def t_sf(z: float, d: float) -> float:
     return 1.0 - 0.5 * ib
 
 
-@njit(cache=True)
+@cached_njit()
 def t_logpdf_const(d: float) -> float:
     """``log`` of the normalizing constant of the Student-t density with ``d`` dof."""
     return math.lgamma(0.5 * (d + 1.0)) - math.lgamma(0.5 * d) - 0.5 * math.log(d * math.pi)
 
 
-@njit(cache=True)
+@cached_njit()
 def myopic_gain(z: float, d: float) -> float:
     """``G_d(z) = E[(u - z)^+]`` for ``u ~ t_d`` (``d > 1``); equals ``h_{n,n-1}(z)``."""
     f = math.exp(t_logpdf_const(d) - 0.5 * (d + 1.0) * math.log1p(z * z / d))
@@ -146,7 +148,7 @@ def myopic_gain(z: float, d: float) -> float:
 
 
 # --------------------------------------------------------------------------- lookup
-@njit(cache=True)
+@cached_njit()
 def _row_h(
     x_lo: float,
     dx: float,
@@ -195,7 +197,7 @@ def _row_h(
     return math.exp(y)
 
 
-@njit(cache=True)
+@cached_njit()
 def h_lookup(
     x_lo: float,
     dx: float,
@@ -219,7 +221,7 @@ def h_lookup(
     return _row_h(x_lo, dx, scale, zlo, zhi, logh, m2, r, dof[r], z)
 
 
-@njit(cache=True)
+@cached_njit()
 def h_lookup_array(
     x_lo: float,
     dx: float,
@@ -241,7 +243,7 @@ def h_lookup_array(
 
 
 # --------------------------------------------------------------------------- spline set-up
-@njit(cache=True)
+@cached_njit()
 def spline_m2(y: np.ndarray, dx: float) -> np.ndarray:
     """Second derivatives of the cubic spline through ``y`` on a uniform grid of step ``dx``.
 
@@ -280,7 +282,7 @@ def spline_m2(y: np.ndarray, dx: float) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- recursion
-@njit(cache=True)
+@cached_njit()
 def _lagrange4(p: float) -> tuple[float, float, float, float]:
     """Cubic Lagrange weights for nodes 0, 1, 2, 3 at position ``p``."""
     w0 = -(p - 1.0) * (p - 2.0) * (p - 3.0) / 6.0
@@ -290,7 +292,7 @@ def _lagrange4(p: float) -> tuple[float, float, float, float]:
     return w0, w1, w2, w3
 
 
-@njit(cache=True)
+@cached_njit()
 def _lagrange4_d(p: float) -> tuple[float, float, float, float]:
     """Derivatives in ``p`` of :func:`_lagrange4`."""
     d0 = -((p - 2.0) * (p - 3.0) + (p - 1.0) * (p - 3.0) + (p - 1.0) * (p - 2.0)) / 6.0
@@ -300,7 +302,7 @@ def _lagrange4_d(p: float) -> tuple[float, float, float, float]:
     return d0, d1, d2, d3
 
 
-@njit(cache=True, fastmath=_CONTRACT)
+@cached_njit(fastmath=_CONTRACT)
 def _zstencil(
     x_lo: float, dx: float, scale: float, npts: int, z: float
 ) -> tuple[int, float, float, float, float]:
@@ -321,13 +323,13 @@ def _zstencil(
     return j, aa, bb, (aa * aa * aa - aa) * h6, (bb * bb * bb - bb) * h6
 
 
-@njit(cache=True)
+@cached_njit()
 def _cheb_t(q: int, nseg: int) -> float:
     """Chebyshev-Lobatto node ``q`` of ``nseg`` on [0, 1]."""
     return 0.5 * (1.0 - math.cos(math.pi * q / (nseg - 1.0)))
 
 
-@njit(cache=True, fastmath=_CONTRACT)
+@cached_njit(fastmath=_CONTRACT)
 def _seg_lagrange(
     row: np.ndarray, off: int, tq: np.ndarray, t: float, deriv: bool
 ) -> tuple[float, float]:
@@ -365,7 +367,7 @@ def _seg_lagrange(
     return v, 2.0 * dv
 
 
-@njit(cache=True)
+@cached_njit()
 def _values_to_cheb(vals: np.ndarray, off: int, nseg: int) -> None:
     """In place: values at ``t_q = (1 - cos(pi q/(N-1)))/2`` -> Chebyshev coefficients in x=2t-1."""
     nm1 = nseg - 1.0
@@ -388,7 +390,7 @@ def _values_to_cheb(vals: np.ndarray, off: int, nseg: int) -> None:
 _NSEG = 4
 
 
-@njit(cache=True)
+@cached_njit()
 def _segment_of(row: np.ndarray, nseg: int, s: float) -> tuple[int, float, float]:
     """Segment index and its ends ``[lo, hi]`` containing ``s`` (``s < 1``)."""
     base = _NSEG * nseg
@@ -403,7 +405,7 @@ def _segment_of(row: np.ndarray, nseg: int, s: float) -> tuple[int, float, float
     return _NSEG - 1, lo, 1.0
 
 
-@njit(cache=True, fastmath=_CONTRACT)
+@cached_njit(fastmath=_CONTRACT)
 def _sinterp(row: np.ndarray, s: float, tq: np.ndarray, deriv: bool) -> tuple[float, float]:
     """``phi(s)`` and ``dphi/ds`` (for ``0 <= s < 1``) from a (z-interpolated) stored row.
 
@@ -428,7 +430,7 @@ def _sinterp(row: np.ndarray, s: float, tq: np.ndarray, deriv: bool) -> tuple[fl
     return v, dv / (2.0 * tf * w)
 
 
-@njit(cache=True, fastmath=_CONTRACT)
+@cached_njit(fastmath=_CONTRACT)
 def _phi_point(
     phi1: np.ndarray,
     j0: int,
@@ -470,7 +472,7 @@ _CAP_START = 1.1
 _CAP_WIDTH = 0.3
 
 
-@njit(cache=True)
+@cached_njit()
 def _cap(b: float) -> float:
     """Smooth (C^2) cap of a breakpoint: identity up to 1.1, then saturating below 1.4.
 
@@ -482,7 +484,7 @@ def _cap(b: float) -> float:
     return _CAP_START + _CAP_WIDTH * math.tanh((b - _CAP_START) / _CAP_WIDTH)
 
 
-@njit(cache=True)
+@cached_njit()
 def _seg_s(m: int, nseg: int, bps: np.ndarray) -> float:
     """``s`` of storage column ``m`` for sorted breakpoints ``bps`` (see :func:`_sinterp`)."""
     seg = m // nseg
@@ -494,7 +496,7 @@ def _seg_s(m: int, nseg: int, bps: np.ndarray) -> float:
     return lo + (hi - lo) * t * t
 
 
-@njit(cache=True, fastmath=_CONTRACT)
+@cached_njit(fastmath=_CONTRACT)
 def _next_psi(
     theta: float,
     z: float,
@@ -524,7 +526,7 @@ def _next_psi(
     return u, zh, sig * hn
 
 
-@njit(cache=True)
+@cached_njit()
 def _illinois(
     ta: float,
     fa: float,
@@ -578,7 +580,7 @@ def _illinois(
     return 0.5 * (ta + tb)
 
 
-@njit(cache=True, fastmath=_CONTRACT)
+@cached_njit(fastmath=_CONTRACT)
 def _eval_h(
     c: float,
     g0: float,
@@ -729,13 +731,13 @@ def _eval_h(
     return tot, der
 
 
-@njit(cache=True)
+@cached_njit()
 def logdens(u: float, d: float) -> float:
     """``log f_d(u)`` of the standard Student-t density."""
     return t_logpdf_const(d) - 0.5 * (d + 1.0) * math.log1p(u * u / d)
 
 
-@njit(cache=True)
+@cached_njit()
 def _branch_min(
     left: bool,
     thz: float,
@@ -802,7 +804,7 @@ def _branch_min(
     return min(best, f1, f2)
 
 
-@njit(cache=True)
+@cached_njit()
 def _stage_point(
     z: float,
     d: float,
@@ -1063,7 +1065,7 @@ def _stage_point(
     return h
 
 
-@njit(cache=True, parallel=True)
+@cached_njit(parallel=True)
 def _stage(
     zs: np.ndarray,
     zlo: float,
@@ -1118,7 +1120,7 @@ def _stage(
         logh_out[i] = math.log(h)
 
 
-@njit(cache=True)
+@cached_njit()
 def build_rows(
     n: int,
     alpha0: float,
