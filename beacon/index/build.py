@@ -11,8 +11,8 @@ uniform, ``a = GRID_SCALE``, step ``Recipe.dx`` in ``x``.
 
 Two recipes (grid step and quadrature, :class:`Recipe`): :data:`STANDARD` for tables built on
 demand (any prior; under 1 s for n = 32 on 2 cores, deep rows good to ~3e-4 relative) and
-:data:`PRECISE` for the shipped Jeffreys tables and ``beacon table --precise`` (about 200 times
-slower; every row within 1e-6 of independent references, docs/h_index.md).
+:data:`PRECISE` for the shipped Jeffreys tables and ``beacon table --precise`` (about 300 times
+slower, 228 s for n = 32; every row within 1e-6 of independent references, docs/h_index.md).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ FORMAT_VERSION = 4
 GRID_DX = 0.015
 #: Scale ``a`` of the map ``z = a sinh(x)``.
 GRID_SCALE = 2.0
-#: Largest horizon accepted (the build is O(n) stages: about 17 s for n = 128 on 2 cores).
+#: Largest horizon accepted (standard recipe: about 4 s for n = 128 on 2 cores, bench_tables).
 MAX_HORIZON = 1024
 # Beyond ~1e4 pseudo-observations of the variance the quadrature's Student-t terms underflow; a
 # prior that sure of the scale is a known-variance model, so the tables stop at this bound.
