@@ -1121,6 +1121,27 @@ def _stage(
 
 
 @cached_njit()
+def _myopic_row(zs: np.ndarray, d: float) -> np.ndarray:
+    """``log G_d(z)`` at every point ``zs`` (the last row, ``k = n - 1``)."""
+    out = np.empty(zs.shape[0])
+    for i in range(zs.shape[0]):
+        out[i] = math.log(myopic_gain(zs[i], d))
+    return out
+
+
+@cached_njit()
+def _phi_splines(phi: np.ndarray, ns: int, dx: float) -> None:
+    """In place: column ``ns + j`` of ``phi`` := the spline second derivatives of column ``j``.
+
+    For ``0 <= j < ns``, in ``x`` with step ``dx`` (see :func:`spline_m2`).
+    """
+    npts = phi.shape[0]
+    for col in range(ns):
+        mcol = spline_m2(np.ascontiguousarray(phi[:, col]), dx)
+        for i in range(npts):
+            phi[i, ns + col] = mcol[i]
+
+
 def build_rows(
     n: int,
     alpha0: float,
@@ -1142,6 +1163,13 @@ def build_rows(
     The first two have shape (rows, grid); the third holds every row evaluated by the same
     recursion (from the grid's representation of row k+1) at the extra points ``zx`` (may be
     empty) - the builder "evaluated off the grid", used to measure interpolation errors.
+
+    This driver is plain Python on purpose: a cached jitted function that calls the parallel
+    :func:`_stage` can be loaded from numba's disk cache without numba's parallel runtime being
+    started, and then calls a null pointer (numba issue 8578; it happens once the cache holds
+    ``_stage`` compiled in an earlier process than its caller, e.g. after a first compile was
+    interrupted). Called from Python, ``_stage``'s own dispatcher starts the runtime. The
+    Python overhead is one call per row.
     """
     npts = zs.shape[0]
     nrows = n - k_min
@@ -1149,59 +1177,25 @@ def build_rows(
     m2 = np.empty((nrows, npts))
     d_last = 2.0 * alpha0 + (n - 1)
     r_last = nrows - 1
-    for i in range(npts):
-        logh[r_last, i] = math.log(myopic_gain(zs[i], d_last))
+    logh[r_last] = _myopic_row(zs, d_last)
     m2[r_last] = spline_m2(logh[r_last], dx)
-    # phi rows: 3 segments of ``nseg`` values, then the breakpoints b1, b2 (see _sinterp);
-    # the row n-1 is never interpolated (the row n-2 uses the closed form phi = 1 - s)
+    # phi rows: _NSEG segments of ``nseg`` values, then the breakpoints (see _sinterp); the row
+    # n-1 is never interpolated (the row n-2 uses the closed form phi = 1 - s)
     ns = _NSEG * nseg + _NSEG - 1
-    tq = np.empty(nseg)
-    for q in range(nseg):
-        tq[q] = _cheb_t(q, nseg)
+    tq = np.array([_cheb_t(q, nseg) for q in range(nseg)], dtype=np.float64)
     # columns ns .. 2 ns - 1 hold the cubic-spline second derivatives in x of columns 0 .. ns-1
     phi_a = np.zeros((npts, 2 * ns))
     phi_b = np.zeros((npts, 2 * ns))
     loghx = np.empty((nrows, zx.shape[0]))
     phi_x = np.zeros((zx.shape[0], 2 * ns))
-    for i in range(zx.shape[0]):
-        loghx[r_last, i] = math.log(myopic_gain(zx[i], d_last))
+    loghx[r_last] = _myopic_row(zx, d_last)
     for k in range(n - 2, k_min - 1, -1):
         r = k - k_min
         d = 2.0 * alpha0 + k
         nup = nu0 + k + 1.0
         lam = math.sqrt((1.0 - 1.0 / (nup * nup)) / (d + 1.0))
         myopic = k == n - 2
-        row = np.empty(npts)
-        if zx.shape[0] > 0:
-            rowx = np.empty(zx.shape[0])
-            _stage(
-                zx,
-                zs[0],
-                zs[npts - 1],
-                d,
-                lam,
-                nup,
-                su,
-                myopic,
-                base_edges,
-                glx,
-                glw,
-                tq,
-                x_lo,
-                dx,
-                scale,
-                logh,
-                m2,
-                phi_a,
-                r + 1,
-                rowx,
-                phi_x,
-            )
-            loghx[r] = rowx
-        _stage(
-            zs,
-            zs[0],
-            zs[npts - 1],
+        stage_args = (
             d,
             lam,
             nup,
@@ -1218,14 +1212,15 @@ def build_rows(
             m2,
             phi_a,
             r + 1,
-            row,
-            phi_b,
         )
+        if zx.shape[0] > 0:
+            rowx = np.empty(zx.shape[0])
+            _stage(zx, zs[0], zs[npts - 1], *stage_args, rowx, phi_x)
+            loghx[r] = rowx
+        row = np.empty(npts)
+        _stage(zs, zs[0], zs[npts - 1], *stage_args, row, phi_b)
         logh[r] = row
         m2[r] = spline_m2(row, dx)
-        for col in range(ns):
-            mcol = spline_m2(np.ascontiguousarray(phi_b[:, col]), dx)
-            for i in range(npts):
-                phi_b[i, ns + col] = mcol[i]
+        _phi_splines(phi_b, ns, dx)
         phi_a, phi_b = phi_b, phi_a
     return logh, m2, loghx
