@@ -51,7 +51,6 @@ def test_numba_cache_dir_keeps_its_meaning(tmp_path: Path) -> None:
 # is interrupted (Ctrl-C during the first compile): the cache then holds ``_stage`` from an
 # earlier process than anything that calls it.
 CACHE_STAGE_ONLY = """
-import math
 import numpy as np
 from beacon._kernels import load_tables
 from beacon.index.build import STANDARD, choose_grid
@@ -60,8 +59,8 @@ q = STANDARD.quad
 g = choose_grid(8, -0.5, 0.0, dx=STANDARD.dx)
 zs = g.nodes()
 npts = zs.shape[0]
-ns = 4 * q.nseg + 3
-tq = np.array([0.5 * (1.0 - math.cos(math.pi * i / (q.nseg - 1))) for i in range(q.nseg)])
+ns = kern._NSEG * q.nseg + kern._NSEG - 1
+tq = np.array([kern._cheb_t(i, q.nseg) for i in range(q.nseg)])
 glx, glw = q.gauss_legendre()
 logh = np.zeros((5, npts))
 m2 = np.zeros((5, npts))
