@@ -421,6 +421,28 @@ def _fit_beta(x: FloatArray, method: str) -> tuple[BetaPrior, float]:
 # ----------------------------------------------------------------------------------------------
 # Gaussianizing transform
 # ----------------------------------------------------------------------------------------------
+#: Logged values closer than this fraction of their range are one knot of the gaussianize fit.
+_TIE_RESOLUTION = 1e-12
+
+
+def _merge_near_ties(
+    xs: FloatArray, counts: NDArray[np.int64]
+) -> tuple[FloatArray, NDArray[np.int64]]:
+    """Merge sorted distinct values whose gap is at most ``_TIE_RESOLUTION`` of the range.
+
+    Two knots a few ulps apart would give a secant slope near 1e308, and the linear tails of
+    :class:`GaussianizeTransform` would then overflow to -inf/inf a few ranges outside the log.
+    With gaps of at least 1e-12 of the range, every slope is below ~1e13 / range. A merged knot
+    sits at the group's smallest value and carries the group's count (the values are ties).
+    """
+    tol = _TIE_RESOLUTION * float(xs[-1] - xs[0])
+    starts = np.concatenate([[True], np.diff(xs) > tol])
+    if starts.all():
+        return xs, counts
+    group = np.cumsum(starts) - 1
+    return xs[starts], np.bincount(group, weights=counts).astype(np.int64)
+
+
 class GaussianizeTransform(RewardTransform):
     """t = Phi^{-1}(mid-rank empirical CDF of logged rewards), strictly increasing on all of R.
 
@@ -476,6 +498,8 @@ class GaussianizeTransform(RewardTransform):
             raise RewardError(j, float(r[j]), "rewards must be finite (use NaN for missing)")
         r = r[~np.isnan(r)]
         xs, counts = np.unique(r, return_counts=True)
+        if xs.size >= 2:
+            xs, counts = _merge_near_ties(xs, counts)
         if xs.size < 2:
             raise ConfigError("rewards", f"{xs.size} distinct value(s)",
                               "the gaussianize transform needs >= 2 distinct rewards")
@@ -504,7 +528,8 @@ class GaussianizeTransform(RewardTransform):
     def apply(self, rewards: ArrayLike) -> FloatArray:
         r = np.asarray(rewards, dtype=np.float64)
         out = np.interp(r, self.x, self.q)
-        with np.errstate(invalid="ignore"):
+        # a reward far outside the log can overflow to +-inf; callers report it as a RewardError
+        with np.errstate(invalid="ignore", over="ignore"):
             left = r < self.x[0]
             right = r > self.x[-1]
             out = np.where(left, self.q[0] + self.slope_left * (r - self.x[0]), out)

@@ -157,3 +157,29 @@ def test_config_round_trip_and_stopper_picks_best_raw_reward() -> None:
     while isinstance(d := s.next_decision(), beacon.Draw):
         s.observe([next(rewards) for _ in range(d.count)])
     assert s.best_reward == 0.9 and s.best_index == 1
+
+
+def test_values_a_few_ulps_apart_are_one_knot() -> None:
+    # Found by hypothesis: knots 0 and 2.2e-308 gave a left slope of 4e307 and -inf a hundred
+    # ranges below the log. Values within 1e-12 of the range are ties.
+    g = GaussianizeTransform.fit([0.0, 1.0, 2.2250738585072014e-308])
+    assert g.x.tolist() == [0.0, 1.0]
+    ref = GaussianizeTransform.fit([0.0, 1.0, 0.0])
+    assert g.to_dict() == ref.to_dict()
+    _strictly_increasing(g)
+    # gaps just above the resolution stay separate knots, and the tails stay finite
+    g2 = GaussianizeTransform.fit([0.0, 1e-11, 1.0])
+    assert g2.x.size == 3
+    _strictly_increasing(g2)
+
+
+def test_a_reward_that_overflows_the_tail_is_a_reward_error() -> None:
+    import warnings
+
+    g = GaussianizeTransform.fit([0.0, 0.001, 0.002, 0.005])  # tail slopes of several hundred
+    s = beacon.Stopper(beacon.BeaconConfig(cost=0.1, horizon=8, transform=g))
+    s.next_decision()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy overflow warning on the way
+        with pytest.raises(RewardError, match="position 2"):
+            s.observe([0.001, 0.002, 1e308])
