@@ -423,22 +423,33 @@ def _fit_beta(x: FloatArray, method: str) -> tuple[BetaPrior, float]:
 # ----------------------------------------------------------------------------------------------
 #: Logged values closer than this fraction of their range are one knot of the gaussianize fit.
 _TIE_RESOLUTION = 1e-12
+#: ... and so are values closer than this (absolute): below it a slope would overflow.
+_TIE_FLOOR = 1e-290
 
 
 def _merge_near_ties(
     xs: FloatArray, counts: NDArray[np.int64]
 ) -> tuple[FloatArray, NDArray[np.int64]]:
-    """Merge sorted distinct values whose gap is at most ``_TIE_RESOLUTION`` of the range.
+    """Merge sorted distinct values within ``tol = max(1e-12 range, 1e-290)`` of a group's first.
 
-    Two knots a few ulps apart would give a secant slope near 1e308, and the linear tails of
-    :class:`GaussianizeTransform` would then overflow to -inf/inf a few ranges outside the log.
-    With gaps of at least 1e-12 of the range, every slope is below ~1e13 / range. A merged knot
-    sits at the group's smallest value and carries the group's count (the values are ties).
+    Two knots a few ulps apart would give a secant slope near 1e308 (or an infinite one for
+    subnormal gaps), and the linear tails of :class:`GaussianizeTransform` would then overflow
+    to -inf/inf a few ranges outside the log. With the gaps bounded below, every slope is below
+    ~1e13 / range. A merged knot sits at the group's smallest value and carries the group's
+    count (the values are ties).
     """
-    tol = _TIE_RESOLUTION * float(xs[-1] - xs[0])
-    starts = np.concatenate([[True], np.diff(xs) > tol])
-    if starts.all():
+    tol = max(_TIE_RESOLUTION * float(xs[-1] - xs[0]), _TIE_FLOOR)
+    if bool(np.all(np.diff(xs) > tol)):
         return xs, counts
+    # a group reaches up to tol above its first value, so consecutive knots are > tol apart and
+    # a range above tol always leaves >= 2 knots (only degenerate logs take this loop)
+    starts = np.zeros(xs.size, dtype=bool)
+    first = xs[0]
+    starts[0] = True
+    for i in range(1, xs.size):
+        if xs[i] - first > tol:
+            starts[i] = True
+            first = xs[i]
     group = np.cumsum(starts) - 1
     return xs[starts], np.bincount(group, weights=counts).astype(np.int64)
 
@@ -502,7 +513,8 @@ class GaussianizeTransform(RewardTransform):
             xs, counts = _merge_near_ties(xs, counts)
         if xs.size < 2:
             raise ConfigError("rewards", f"{xs.size} distinct value(s)",
-                              "the gaussianize transform needs >= 2 distinct rewards")
+                              "the gaussianize transform needs >= 2 distinct rewards (values "
+                              "within 1e-12 of their range or 1e-290 count as ties)")
         from scipy.special import ndtri
 
         n = float(counts.sum())

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import beacon
 from beacon.errors import ConfigError, RewardError
-from beacon.fitting import GaussianizeTransform
+from beacon.fitting import _TIE_FLOOR, GaussianizeTransform
 from beacon.transforms import make_transform, transform_from_dict
 
 
@@ -60,8 +60,8 @@ def test_strictly_increasing_with_ties_plateaus_and_beyond_the_range() -> None:
 @given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=2, max_size=60),
        st.integers(2, 40))
 def test_strictly_increasing_for_any_log(values: list[float], max_knots: int) -> None:
-    if len(set(values)) < 2:
-        with pytest.raises(ConfigError):
+    if len(set(values)) < 2 or max(values) - min(values) <= _TIE_FLOOR:
+        with pytest.raises(ConfigError, match="rewards"):
             GaussianizeTransform.fit(values, max_knots=max_knots)
         return
     g = GaussianizeTransform.fit(values, max_knots=max_knots)
@@ -171,6 +171,9 @@ def test_values_a_few_ulps_apart_are_one_knot() -> None:
     g2 = GaussianizeTransform.fit([0.0, 1e-11, 1.0])
     assert g2.x.size == 3
     _strictly_increasing(g2)
+    # a subnormal range is one value: a typed error naming the rewards, not an infinite slope
+    with pytest.raises(ConfigError, match="rewards"):
+        GaussianizeTransform.fit([0.0, 2.225073858507e-311])
 
 
 def test_a_reward_that_overflows_the_tail_is_a_reward_error() -> None:
@@ -183,3 +186,10 @@ def test_a_reward_that_overflows_the_tail_is_a_reward_error() -> None:
         warnings.simplefilter("error")  # no numpy overflow warning on the way
         with pytest.raises(RewardError, match="position 2"):
             s.observe([0.001, 0.002, 1e308])
+
+
+def test_a_chain_of_near_ties_longer_than_the_resolution_keeps_two_knots() -> None:
+    step = 0.8 * _TIE_FLOOR  # each gap is a tie, the whole range is not
+    g = GaussianizeTransform.fit([0.0, step, 2 * step])
+    assert g.x.tolist() == [0.0, 2 * step]
+    _strictly_increasing(g)
