@@ -19,11 +19,12 @@ CALL_A_KERNEL = (
 )
 
 
-def _run(env: dict[str, str]) -> str:
+def _run(env: dict[str, str], code: str = CALL_A_KERNEL) -> str:
+    """Run ``code`` in a fresh interpreter; its stdout (the exit code must be 0)."""
     proc = subprocess.run(
-        [sys.executable, "-c", CALL_A_KERNEL], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     return proc.stdout.strip()
 
 
@@ -59,8 +60,7 @@ q = STANDARD.quad
 g = choose_grid(8, -0.5, 0.0, dx=STANDARD.dx)
 zs = g.nodes()
 npts = zs.shape[0]
-ns = kern._NSEG * q.nseg + kern._NSEG - 1
-tq = np.array([kern._cheb_t(i, q.nseg) for i in range(q.nseg)])
+tq, ns = kern.phi_layout(q.nseg)
 glx, glw = q.gauss_legendre()
 logh = np.zeros((5, npts))
 m2 = np.zeros((5, npts))
@@ -82,15 +82,7 @@ def test_a_build_loads_kernels_cached_piecemeal(tmp_path: Path) -> None:
     # function came from the disk cache, is later loaded without numba's parallel runtime and
     # calls a null pointer (the process dies with SIGSEGV). The table driver is plain Python.
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-
-    def run(code: str) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-        )
-        assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
-        return proc.stdout.strip()
-
-    run(CACHE_STAGE_ONLY)
+    _run(env, CACHE_STAGE_ONLY)
     assert any(n.startswith("tables._stage-") for n in _index_files(tmp_path / "numba"))
-    first = run(BUILD_A_TABLE)  # compiles the rest against the cached _stage
-    assert run(BUILD_A_TABLE) == first  # everything from the cache
+    first = _run(env, BUILD_A_TABLE)  # compiles the rest against the cached _stage
+    assert _run(env, BUILD_A_TABLE) == first  # everything from the cache

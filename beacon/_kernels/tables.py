@@ -1142,6 +1142,17 @@ def _phi_splines(phi: np.ndarray, ns: int, dx: float) -> None:
             phi[i, ns + col] = mcol[i]
 
 
+def phi_layout(nseg: int) -> tuple[np.ndarray, int]:
+    """Chebyshev-Lobatto nodes ``tq`` of a segment and the number ``ns`` of stored phi columns.
+
+    A stored phi row holds ``_NSEG`` segments of ``nseg`` coefficients, then the ``_NSEG - 1``
+    breakpoints (see :func:`_sinterp`); the arrays given to :func:`_stage` have ``2 ns``
+    columns (the second half: spline second derivatives in ``x``).
+    """
+    tq = np.array([_cheb_t(q, nseg) for q in range(nseg)], dtype=np.float64)
+    return tq, _NSEG * nseg + _NSEG - 1
+
+
 def build_rows(
     n: int,
     alpha0: float,
@@ -1179,10 +1190,8 @@ def build_rows(
     r_last = nrows - 1
     logh[r_last] = _myopic_row(zs, d_last)
     m2[r_last] = spline_m2(logh[r_last], dx)
-    # phi rows: _NSEG segments of ``nseg`` values, then the breakpoints (see _sinterp); the row
-    # n-1 is never interpolated (the row n-2 uses the closed form phi = 1 - s)
-    ns = _NSEG * nseg + _NSEG - 1
-    tq = np.array([_cheb_t(q, nseg) for q in range(nseg)], dtype=np.float64)
+    # the row n-1 is never interpolated (the row n-2 uses the closed form phi = 1 - s)
+    tq, ns = phi_layout(nseg)
     # columns ns .. 2 ns - 1 hold the cubic-spline second derivatives in x of columns 0 .. ns-1
     phi_a = np.zeros((npts, 2 * ns))
     phi_b = np.zeros((npts, 2 * ns))
