@@ -212,6 +212,36 @@ class _Stats:
         return cls(k, mean, ss)
 
 
+_NORMAL_SCALE_LIMIT = 1e140
+
+
+def _check_normal_scale(x: FloatArray) -> None:
+    """Rewards whose NIG prior is representable: ``beta0`` is in squared reward units.
+
+    Beyond ``|r| = 1e140`` squared deviations and ``beta0`` overflow; within-prompt spreads
+    below ``1e-140`` (but not zero) underflow to "no variation". Both are a ConfigError asking
+    for a rescale rather than a NaN or a misleading message.
+    """
+    ok = ~np.isnan(x)
+    hi = np.where(ok, x, -np.inf).max(axis=1, initial=-np.inf)
+    lo = np.where(ok, x, np.inf).min(axis=1, initial=np.inf)
+    big = float(np.max(np.abs(np.where(ok, x, 0.0)), initial=0.0))
+    if big > _NORMAL_SCALE_LIMIT:
+        raise ConfigError(
+            "rewards", f"max |reward| {big:.3g}",
+            f"too large for a normal prior (beta0 is in squared reward units; limit "
+            f"{_NORMAL_SCALE_LIMIT:g}): divide the rewards (and the cost) by a constant first",
+        )
+    widest = float(np.max(np.where(ok.any(axis=1), hi - lo, 0.0), initial=0.0))
+    if 0.0 < widest < 1.0 / _NORMAL_SCALE_LIMIT:
+        raise ConfigError(
+            "rewards", f"largest within-prompt spread {widest:.3g}",
+            f"too small for a normal prior (beta0 would underflow; limit "
+            f"{1.0 / _NORMAL_SCALE_LIMIT:g}): multiply the rewards (and the cost) by a constant "
+            "first",
+        )
+
+
 def _check_enough(stats: _Stats, field_name: str) -> None:
     n2 = int(np.sum(stats.k >= 2))
     if n2 < 2:
@@ -702,6 +732,8 @@ def fit_reward_model(
         if np.isinf(x).any():
             i, j = (int(v) for v in np.argwhere(np.isinf(x))[0])
             raise RewardError((i, j), float(x[i, j]), f"outside the domain of {tr.kind}")
+    if family == "normal":
+        _check_normal_scale(x)
     st = _Stats.of(x)
     _check_enough(st, "rewards")
     dropped = 0

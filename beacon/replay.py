@@ -76,6 +76,8 @@ def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
 
 def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
     """Replay ``cfg``'s stopping rule over logged ``rewards`` (prompts x samples, NaN = missing)."""
+    if not isinstance(cfg, BeaconConfig):
+        raise TypeError(f"cfg must be a BeaconConfig, got {type(cfg).__name__}")
     raw = _as_matrix(rewards)
     prior = cfg.resolved_prior
     if cfg.family == "normal" and isinstance(prior, NIGPrior):

@@ -117,6 +117,23 @@ def _to_record(raw: _RawRecord, view: Callable[[Any], Any] | None) -> TraceRecor
     )  # fmt: skip
 
 
+
+def _as_reward_list(reward: object, pos: int) -> list[Any]:
+    """One reward or an iterable of them, as a list (checked one by one by the caller).
+
+    A string is not an iterable of rewards (``"12"`` would be two), and a non-iterable that is
+    not a number reaches the caller's ``float()`` check, which names its position.
+    """
+    if isinstance(reward, int | float):
+        return [reward]
+    if isinstance(reward, str | bytes):
+        raise RewardError(pos, reward, "rewards must be real numbers, not text")
+    if getattr(reward, "ndim", None) == 0:  # numpy scalar or 0-d array
+        return [reward.item()]  # type: ignore[attr-defined]
+    if isinstance(reward, Iterable):
+        return list(reward)
+    return [reward]
+
 class Stopper:
     """Sequential (or batched) optimal stopping for one query under ``cfg``."""
 
@@ -269,7 +286,7 @@ class Stopper:
         """:meth:`observe` for any input: checks, then updates in order (state stored last)."""
         if self._stop is not None:
             raise StopperStateError(f"observe after Stop({self._stop.reason!r})")
-        rewards = [reward] if isinstance(reward, int | float) else list(reward)
+        rewards = _as_reward_list(reward, self._n_obs)
         if not rewards:
             return
         if len(rewards) > self._pending:

@@ -217,6 +217,28 @@ def test_bad_input_raises_config_error_naming_the_field(bad: object, field: str)
     assert field in str(ei.value)
 
 
+def test_fit_is_scale_equivariant_and_unrepresentable_scales_are_config_errors() -> None:
+    """NIG hyper-parameters map as (m mu0, nu0, alpha0, m^2 beta0) under rewards x m."""
+    x = simulate_nig(np.random.default_rng(3), 60, 6, 0.5, 1.0, 3.0, 2.0)
+    base = fit_prior(x)
+    assert isinstance(base, NIGPrior)
+    for m in (1e-130, 1e-20, 1e20, 1e130):
+        p = fit_prior(x * m)
+        assert isinstance(p, NIGPrior)
+        assert p.mu0 == pytest.approx(base.mu0 * m, rel=1e-6)
+        assert p.beta0 == pytest.approx(base.beta0 * m * m, rel=1e-6)
+        assert (p.nu0, p.alpha0) == pytest.approx((base.nu0, base.alpha0), rel=1e-6)
+    for m, what in ((1e145, "too large"), (1e300, "too large"), (1e-145, "too small"),
+                    (1e-300, "too small")):
+        with pytest.raises(ConfigError, match=what) as ei:
+            fit_prior(x * m)
+        assert ei.value.field == "rewards"
+    # an all-missing prompt changes nothing
+    y = x.copy()
+    y[0] = np.nan
+    assert fit_prior(y) == fit_prior(np.vstack([y, np.full(6, np.nan)]))
+
+
 def test_infinite_reward_is_a_reward_error_at_its_position() -> None:
     x = np.array([[1.0, 2.0, 3.0], [1.0, np.inf, 0.0]])
     with pytest.raises(RewardError) as ei:

@@ -94,6 +94,44 @@ def test_tends_to_zero_and_tails() -> None:
         assert t.h(k, zlo * (1 + 1e-12)) == pytest.approx(t.h(k, zlo), rel=1e-9)
 
 
+def test_far_tails_stay_finite_and_exact() -> None:
+    """Beyond |z| = 1e9 the myopic gain switches to its asymptotics; h never turns NaN.
+
+    Reference for the right tail, from scipy's log-gamma and nothing of the kernel:
+    ``G_d(z) = z^2 f_d(z) / (d (d - 1)) (1 + O(d / z^2))``, ``f_d`` the Student-t density.
+    """
+    from scipy.special import gammaln
+
+    from beacon._kernels.tables import myopic_gain
+
+    def far_right(z: float, d: float) -> float:
+        logc = gammaln((d + 1) / 2) - gammaln(d / 2) - 0.5 * math.log(d * math.pi)
+        logf = logc - (d + 1) / 2 * (2 * math.log(z) - math.log(d))
+        return math.exp(logf + 2 * math.log(z) - math.log(d * (d - 1)))
+
+    for d in (1.5, 2.0, 4.0, 15.0):
+        for z in (2e9, 1e12, 1e20, 1e60):
+            want = far_right(z, d)
+            if want > 1e-290:
+                assert myopic_gain(z, d) == pytest.approx(want, rel=1e-12)
+        # the closed form just inside the switch agrees with the asymptotics just outside it
+        inside, outside = myopic_gain(0.999999e9, d), myopic_gain(1.000001e9, d)
+        assert outside == pytest.approx(inside * (0.999999 / 1.000001) ** (d - 1), rel=1e-9)
+        for z in (-1e12, -1e200, -1.7e308):
+            assert myopic_gain(z, d) == -z
+        assert myopic_gain(-math.inf, d) == math.inf
+        assert myopic_gain(math.inf, d) == 1e-300
+    for n in (8, 32):
+        t = get_table(n)
+        for k in (t.k_min, n - 1):
+            # squares of these z overflow; h(z) + z -> 0+ on the left, h -> 0 on the right
+            left = t.h(k, np.array([-1e155, -1e300, -math.inf]))
+            assert list(left) == [1e155, 1e300, math.inf]
+            right = t.h(k, np.array([1e155, 1e300, math.inf]))
+            assert np.all(right >= 0) and np.all(np.isfinite(right))
+            assert t.h(k, -1e200) == 1e200 and t.h(k, math.inf) == 0.0
+
+
 def test_scalar_array_and_njit_lookup_agree() -> None:
     from beacon._kernels.tables import h_lookup
 
@@ -119,6 +157,20 @@ def test_errors_name_the_field() -> None:
         t.h(3, math.nan)
     with pytest.raises(ConfigError, match="z"):
         t.h(3, np.array([0.0, np.nan]))
+    for bad_z in ("0.5", b"1", True, 1 + 2j, None, object()):
+        with pytest.raises(ConfigError, match=r"invalid z=.*must be a real number"):
+            t.h(3, bad_z)
+    for bad_arr, what in (
+        ([1 + 2j], "complex128"),
+        (["0.5"], "<U3"),
+        ([None, 1.0], "object"),
+        (np.array([True]), "bool"),
+    ):
+        with pytest.raises(ConfigError, match=f"invalid z='array of dtype {what}'"):
+            t.h(3, bad_arr)
+    with pytest.raises(ConfigError, match="invalid z='ragged sequence'"):
+        t.h(3, [[0.0], [0.0, 1.0]])
+    assert t.h(3, np.array([1, 2], dtype=np.int32)).tolist() == t.h(3, [1.0, 2.0]).tolist()
     with pytest.raises(ConfigError, match="alpha0"):
         get_table(8, alpha0=-1.0)
     with pytest.raises(ConfigError, match="nu0"):

@@ -104,6 +104,8 @@ def test_bad_arrays() -> None:
     cfg = BeaconConfig(horizon=8)
     with pytest.raises(RewardError, match="2-D"):
         beacon.replay([0.1, 0.2], cfg)
+    with pytest.raises(TypeError, match="cfg must be a BeaconConfig, got dict"):
+        beacon.replay(np.zeros((2, 8)), {"horizon": 8})  # type: ignore[arg-type]
     x = np.zeros((3, 8))
     x[2, 5] = np.inf
     with pytest.raises(RewardError) as exc:

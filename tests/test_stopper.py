@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from beacon import BeaconConfig, Draw, RewardError, Stop, Stopper, StopperStateError
@@ -73,7 +74,9 @@ def test_external_stop_and_reasons() -> None:
         Stopper(_bern()).stop("tired")
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "x"])
+@pytest.mark.parametrize(
+    "bad", [math.nan, math.inf, -math.inf, "x", "12", b"1", None, 1 + 2j, object(), [[0.1]]]
+)
 def test_non_finite_reward_names_its_position(bad: object) -> None:
     s = Stopper(BeaconConfig(horizon=8))
     s.next_decision()
@@ -81,6 +84,16 @@ def test_non_finite_reward_names_its_position(bad: object) -> None:
     with pytest.raises(RewardError) as exc:
         s.observe(bad)  # type: ignore[arg-type]
     assert exc.value.position == 1
+    assert s.k == 1 and s.pending == 2  # nothing of a rejected call is kept
+
+
+def test_numpy_scalars_and_iterables_are_rewards() -> None:
+    s = Stopper(BeaconConfig(horizon=8))
+    s.next_decision()
+    s.observe(np.float32(0.25))
+    s.observe(np.array(0.5))
+    s.observe(x for x in [0.75])
+    assert s.k == 3 and s.best_reward == 0.75 and s.best_index == 2
 
 
 def test_trace_round_trip() -> None:

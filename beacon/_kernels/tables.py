@@ -137,9 +137,31 @@ def t_logpdf_const(d: float) -> float:
     return math.lgamma(0.5 * (d + 1.0)) - math.lgamma(0.5 * d) - 0.5 * math.log(d * math.pi)
 
 
+_HUGE_Z = 1e9
+
+
+@cached_njit()
+def _gain_far_right(z: float, d: float) -> float:
+    """``G_d(z) = z^2 f_d(z) / (d (d - 1)) (1 + O(d / z^2))`` for ``z > 1e9``, in logs.
+
+    The closed form of :func:`myopic_gain` underflows there at large ``d`` (``f_d ~ z^-(d+1)``) and
+    overflows (``z^2``) beyond 1e154.
+    """
+    lg = 0.5 * (d + 1.0) * math.log(d) - (d - 1.0) * math.log(z) - math.log(d * (d - 1.0))
+    return max(math.exp(t_logpdf_const(d) + lg), 1e-300)
+
+
 @cached_njit()
 def myopic_gain(z: float, d: float) -> float:
-    """``G_d(z) = E[(u - z)^+]`` for ``u ~ t_d`` (``d > 1``); equals ``h_{n,n-1}(z)``."""
+    """``G_d(z) = E[(u - z)^+]`` for ``u ~ t_d`` (``d > 1``); equals ``h_{n,n-1}(z)``.
+
+    Beyond ``|z| = 1e9``: :func:`_gain_far_right` on the right and ``G_d(z) = -z + G_d(-z)``
+    (``E[u] = 0``) on the left, so ``G_d(-inf) = inf`` and ``G_d(inf)`` is the floor.
+    """
+    if z > _HUGE_Z:
+        return _gain_far_right(z, d)
+    if z < -_HUGE_Z:
+        return -z + _gain_far_right(-z, d)
     f = math.exp(t_logpdf_const(d) - 0.5 * (d + 1.0) * math.log1p(z * z / d))
     g = (d + z * z) / (d - 1.0) * f - z * t_sf(z, d)
     if g < 1e-300:

@@ -41,6 +41,37 @@ def _kernels() -> Any:
     return _KERNELS
 
 
+
+def _real_scalar(z: object) -> float:
+    """``z`` as a float; strings, booleans, complex numbers and non-numbers are a ConfigError."""
+    if isinstance(z, str | bytes | bool | np.bool_ | complex | np.complexfloating):
+        raise ConfigError("z", z, "the standardized best reward must be a real number")
+    try:
+        return float(z)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError("z", z, "the standardized best reward must be a real number") from None
+
+
+def _ndim(z: Any) -> int:
+    """``np.ndim(z)``; a ragged nested sequence is a ConfigError rather than numpy's ValueError."""
+    try:
+        return int(np.ndim(z))
+    except ValueError as exc:
+        raise ConfigError("z", "ragged sequence", f"not an array of real numbers ({exc})") from None
+
+
+def _real_array(z: object) -> FloatArray:
+    """``z`` as a float64 array; an array of anything but integers or reals is a ConfigError."""
+    za = np.asarray(z)
+    if za.dtype.kind not in "iuf":
+        raise ConfigError(
+            "z",
+            f"array of dtype {za.dtype}",
+            "the standardized best rewards must be integers or real numbers",
+        )
+    out: FloatArray = za.astype(np.float64)
+    return out
+
 class HTable:
     """``h_{n,k}(zhat)`` for ``k_min <= k < n`` (Definition def_1 of the paper).
 
@@ -145,12 +176,12 @@ class HTable:
         """``h_{n,k}(z)``; ``z`` a float gives a float, an array gives an array of its shape."""
         ki = self._check_k(k)
         kern = _kernels()
-        if np.ndim(z) == 0:
-            zf = float(z)
+        if _ndim(z) == 0:
+            zf = _real_scalar(z)
             if math.isnan(zf):
                 raise ConfigError("z", z, "the standardized best reward must not be NaN")
             return float(kern.h_lookup(*self._arrays, ki, zf))
-        za = np.asarray(z, dtype=np.float64)
+        za = _real_array(z)
         if np.isnan(za).any():
             raise ConfigError("z", "array with NaN", "the standardized best reward must not be NaN")
         flat = np.ascontiguousarray(za.reshape(-1))
