@@ -114,17 +114,17 @@ class BernoulliFamily(RewardFamily):
 
     def check_prior(self, prior: Any) -> None:
         if not isinstance(prior, BetaPrior):
-            raise ConfigError("prior", prior, "the bernoulli family needs a BetaPrior")
+            raise ConfigError("prior", prior, f"the {self.name} family needs a BetaPrior")
 
     def check_config(self, cfg: BeaconConfig) -> None:
         if cfg.transform is not None:
             raise ConfigError(
-                "transform", cfg.transform, "the bernoulli family takes raw 0/1 rewards"
+                "transform", cfg.transform, f"the {self.name} family takes raw rewards"
             )
         if cfg.cost >= 1.0:
             # h^B <= 1, so c >= 1 would never sample past the first reward: almost surely a mistake.
             raise ConfigError(
-                "cost", cfg.cost, "must be < 1 for the bernoulli family (rewards are 0/1)"
+                "cost", cfg.cost, f"must be < 1 for the {self.name} family (a success is worth 1)"
             )
 
     def initial_state(self, cfg: BeaconConfig) -> BernoulliState:
