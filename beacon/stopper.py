@@ -117,7 +117,6 @@ def _to_record(raw: _RawRecord, view: Callable[[Any], Any] | None) -> TraceRecor
     )  # fmt: skip
 
 
-
 def _as_reward_list(reward: object, pos: int) -> list[Any]:
     """One reward or an iterable of them, as a list (checked one by one by the caller).
 
@@ -133,6 +132,7 @@ def _as_reward_list(reward: object, pos: int) -> list[Any]:
     if isinstance(reward, Iterable):
         return list(reward)
     return [reward]
+
 
 class Stopper:
     """Sequential (or batched) optimal stopping for one query under ``cfg``."""

@@ -41,7 +41,6 @@ def _kernels() -> Any:
     return _KERNELS
 
 
-
 def _real_scalar(z: object) -> float:
     """``z`` as a float; strings, booleans, complex numbers and non-numbers are a ConfigError."""
     if isinstance(z, str | bytes | bool | np.bool_ | complex | np.complexfloating):
@@ -71,6 +70,7 @@ def _real_array(z: object) -> FloatArray:
         )
     out: FloatArray = za.astype(np.float64)
     return out
+
 
 class HTable:
     """``h_{n,k}(zhat)`` for ``k_min <= k < n`` (Definition def_1 of the paper).
