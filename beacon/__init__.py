@@ -122,5 +122,7 @@ def h_index(n: int, k: int, z: Any, prior: NIGPrior | None = None) -> Any:
     """
     from beacon.index import get_table
 
+    if prior is not None and not isinstance(prior, NIGPrior):
+        raise ConfigError("prior", prior, "h_index is the normal family's index: give an NIGPrior")
     p = prior or NIGPrior.jeffreys()
     return get_table(n, p.alpha0, p.nu0).h(k, z)

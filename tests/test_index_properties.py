@@ -181,6 +181,19 @@ def test_errors_name_the_field() -> None:
         get_table(8.5)  # type: ignore[arg-type]
 
 
+def test_top_level_h_index_takes_an_nig_prior_only() -> None:
+    import beacon
+    from beacon.priors import BetaPrior, NIGPrior
+
+    prior = NIGPrior(mu0=0.3, nu0=1.0, alpha0=2.0, beta0=1.5)
+    assert beacon.h_index(8, 1, 0.5, prior) == get_table(8, 2.0, 1.0).h(1, 0.5)
+    assert beacon.h_index(8, 3, 0.5) == get_table(8).h(3, 0.5)
+    for bad in (BetaPrior(), "jeffreys", {"alpha0": 2.0}):
+        with pytest.raises(ConfigError, match=r"invalid prior=.*NIGPrior") as ei:
+            beacon.h_index(8, 3, 0.5, bad)  # type: ignore[arg-type]
+        assert ei.value.field == "prior"
+
+
 def test_k_min_matches_prior_table() -> None:
     assert k_min_for(-0.5, 0.0) == 3  # Jeffreys, k0 = 3
     assert k_min_for(0.0, 1.0) == 2  # 2 alpha0 in (-1, 0]: k0 = 2
