@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from beacon._checks import is_integer, is_real
 from beacon.errors import ConfigError
 
 __all__ = ["Budget", "cost_from_price"]
@@ -19,7 +20,7 @@ __all__ = ["Budget", "cost_from_price"]
 def _check_nonneg(name: str, v: Any, *, positive: bool = False) -> float | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+    if not is_real(v) or not math.isfinite(v):
         raise ConfigError(name, v, "must be a finite number")
     if v < 0 or (positive and v == 0):
         raise ConfigError(name, v, "must be > 0" if positive else "must be >= 0")
@@ -50,12 +51,16 @@ class Budget:
 
     def __post_init__(self) -> None:
         mt = self.max_tokens
-        if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt <= 0):
+        if mt is not None and (not is_integer(mt) or mt <= 0):
             raise ConfigError("max_tokens", mt, "must be a positive integer or None")
-        _check_nonneg("max_cost", self.max_cost, positive=True)
-        _check_nonneg("max_seconds", self.max_seconds, positive=True)
-        _check_nonneg("price_per_input_token", self.price_per_input_token)
-        _check_nonneg("price_per_output_token", self.price_per_output_token)
+        # stored as plain int / float (JSON-ready for the worker tier)
+        object.__setattr__(self, "max_tokens", None if mt is None else int(mt))
+        for name, positive in (("max_cost", True), ("max_seconds", True),
+                               ("price_per_input_token", False),
+                               ("price_per_output_token", False)):
+            object.__setattr__(
+                self, name, _check_nonneg(name, getattr(self, name), positive=positive)
+            )
 
     def price(self, input_tokens: int | None, output_tokens: int | None) -> float | None:
         """Money for a call reporting these tokens; ``None`` when no price or no tokens."""

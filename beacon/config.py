@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from beacon._checks import is_integer, is_real
 from beacon.errors import ConfigError
 from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
 from beacon.transforms import RewardTransform, make_transform
@@ -50,15 +51,16 @@ class BeaconConfig:
         from beacon.families import get_family
 
         cost = self.cost
-        if isinstance(cost, bool) or not isinstance(cost, int | float):
+        if not is_real(cost):
             raise ConfigError("cost", cost, "must be a positive real number")
         if not math.isfinite(cost) or cost <= 0:
             raise ConfigError("cost", cost, "must be finite and > 0")
         object.__setattr__(self, "cost", float(cost))
         for name in ("horizon", "batch_size", "max_failures"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
+            if not is_integer(v):
                 raise ConfigError(name, v, "must be an integer")
+            object.__setattr__(self, name, int(v))  # numpy integers stored as int
         if self.batch_size < 1:
             raise ConfigError("batch_size", self.batch_size, "must be >= 1")
         if self.max_failures < 0:
@@ -66,7 +68,7 @@ class BeaconConfig:
         if not isinstance(self.robust, bool):
             raise ConfigError("robust", self.robust, "must be True or False")
         q = self.robust_quantile
-        if isinstance(q, bool) or not isinstance(q, int | float) or not (0.0 < q < 0.5):
+        if not is_real(q) or not (0.0 < q < 0.5):
             raise ConfigError("robust_quantile", q, "must be in (0, 0.5)")
         object.__setattr__(self, "robust_quantile", float(q))
         if isinstance(self.prior, dict):

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from beacon._checks import is_integer, is_real
 from beacon.errors import ConfigError, RewardError
 from beacon.families.judge import WIN_THRESHOLD  # importing registers the "judge" family
 from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
@@ -515,9 +516,7 @@ class GaussianizeTransform(RewardTransform):
                 raise ConfigError(name, arr.tolist()[:8], "must be finite and strictly increasing")
         for name, v in (("transform.slope_left", slope_left),
                         ("transform.slope_right", slope_right)):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not (
-                math.isfinite(v) and v > 0
-            ):
+            if not is_real(v) or not (math.isfinite(v) and v > 0):
                 raise ConfigError(name, v, "must be a finite number > 0")
         self.x = xa
         self.q = qa
@@ -531,8 +530,9 @@ class GaussianizeTransform(RewardTransform):
         ``max_knots`` bounds the JSON size: beyond it, knots are kept at evenly spaced normal
         quantiles (ends always kept), t being linear between them.
         """
-        if isinstance(max_knots, bool) or not isinstance(max_knots, int) or max_knots < 2:
+        if not is_integer(max_knots) or max_knots < 2:
             raise ConfigError("max_knots", max_knots, "must be an integer >= 2")
+        max_knots = int(max_knots)
         r = np.asarray(rewards, dtype=np.float64).reshape(-1)
         if np.isinf(r).any():
             j = int(np.argwhere(np.isinf(r))[0][0])

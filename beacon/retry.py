@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from beacon._checks import is_integer, is_real
 from beacon.errors import ConfigError
 
 __all__ = ["RetryPolicy", "TransientError", "is_retryable"]
@@ -88,19 +89,21 @@ class RetryPolicy:
     retry_on: Callable[[BaseException], bool] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
-                or self.max_attempts < 1:
+        if not is_integer(self.max_attempts) or self.max_attempts < 1:
             raise ConfigError("max_attempts", self.max_attempts, "must be an integer >= 1")
+        object.__setattr__(self, "max_attempts", int(self.max_attempts))
         for name in ("base_delay", "max_delay"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+            if not is_real(v) or not v >= 0:
                 raise ConfigError(name, v, "must be a number of seconds >= 0")
         m = self.multiplier
-        if isinstance(m, bool) or not isinstance(m, int | float) or not m >= 1:
+        if not is_real(m) or not m >= 1:
             raise ConfigError("multiplier", m, "must be >= 1")
         j = self.jitter
-        if isinstance(j, bool) or not isinstance(j, int | float) or not 0 <= j <= 1:
+        if not is_real(j) or not 0 <= j <= 1:
             raise ConfigError("jitter", j, "must be in [0, 1]")
+        for name in ("base_delay", "max_delay", "multiplier", "jitter"):
+            object.__setattr__(self, name, float(getattr(self, name)))
 
     @classmethod
     def none(cls) -> RetryPolicy:

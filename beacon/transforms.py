@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from beacon._checks import is_real
 from beacon.errors import ConfigError, RewardError
 
 __all__ = [
@@ -76,7 +77,7 @@ class LogitTransform(RewardTransform):
     kind: ClassVar[str] = "logit"
 
     def __init__(self, eps: float = 1e-4) -> None:
-        if not (isinstance(eps, int | float) and 0.0 < float(eps) < 0.5):
+        if not (is_real(eps) and 0.0 < float(eps) < 0.5):
             raise ConfigError("transform.eps", eps, "must be in (0, 0.5)")
         self.eps = float(eps)
 

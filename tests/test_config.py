@@ -131,3 +131,35 @@ def test_normal_family_rejects_what_its_tables_cannot_cover_at_construction() ->
         BeaconConfig(horizon=5000)
     assert exc.value.field == "horizon"
     BeaconConfig(horizon=5000, family="bernoulli")  # no table: any horizon
+
+
+def test_numpy_scalars_are_numbers_and_are_stored_as_python_numbers() -> None:
+    """Values from numpy sweeps (np.float32 cost, np.int64 horizon) are accepted everywhere."""
+    import json
+
+    import numpy as np
+
+    from beacon import Budget, LogitTransform, RetryPolicy, reservation_cost
+
+    cfg = BeaconConfig(cost=np.float32(0.25), horizon=np.int64(8), batch_size=np.int32(2),
+                       robust_quantile=np.float64(0.05))
+    assert cfg == BeaconConfig(cost=0.25, horizon=8, batch_size=2, robust_quantile=0.05)
+    assert type(cfg.horizon) is int and type(cfg.cost) is float
+    assert json.loads(json.dumps(cfg.to_dict()))["horizon"] == 8
+    budget = Budget(max_tokens=np.int64(100), max_cost=np.float32(0.5))
+    assert json.loads(json.dumps(budget.to_dict())) == {
+        "max_tokens": 100, "max_cost": 0.5, "max_seconds": None,
+        "price_per_input_token": 0.0, "price_per_output_token": 0.0,
+    }
+    retry = RetryPolicy(max_attempts=np.int64(4), base_delay=np.float32(0.5))
+    assert type(retry.max_attempts) is int and retry.base_delay == 0.5
+    assert reservation_cost(np.int64(8), np.int64(3), 1.0, 1.0) == reservation_cost(8, 3, 1.0, 1.0)
+    assert LogitTransform(eps=np.float32(0.25)).eps == 0.25
+    # numpy booleans and floats for integer fields are still rejected, naming the field
+    for kw, field in (({"horizon": np.True_}, "horizon"), ({"horizon": np.float64(8.0)}, "horizon"),
+                      ({"cost": np.True_}, "cost")):
+        with pytest.raises(ConfigError) as ei:
+            BeaconConfig(**kw)
+        assert ei.value.field == field
+    with pytest.raises(ConfigError, match="max_tokens"):
+        Budget(max_tokens=np.float64(5.0))

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
+from beacon._checks import is_integer, is_real
 from beacon._sync import run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
@@ -33,15 +34,15 @@ _DEFAULT_RETRY = RetryPolicy()
 
 
 def _positive_int(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if not is_integer(v) or v < 1:
         raise ConfigError(name, v, "must be an integer >= 1")
-    return v
+    return int(v)
 
 
 def _timeout(name: str, v: Any) -> float | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+    if not is_real(v) or not v > 0:
         raise ConfigError(name, v, "must be a positive number of seconds or None")
     return float(v)
 

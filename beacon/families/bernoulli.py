@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from beacon._checks import is_integer
 from beacon.errors import ConfigError, RewardError
 from beacon.families import register_family
 from beacon.families.base import BoundFamily, Decision, DecisionTuple, RewardFamily
@@ -93,8 +94,9 @@ def reservation_cost(n: int, k: int, a: float, b: float) -> float:
     Exact to floating-point resolution (bisection on the strictly decreasing phi_{n-k}).
     """
     for field, v in (("n", n), ("k", k)):
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not is_integer(v):
             raise ConfigError(field, v, "must be an integer")
+    n, k = int(n), int(k)
     if not 0 <= k < n:
         raise ConfigError("k", k, f"must satisfy 0 <= k < n = {n}")
     a_f, b_f = float(a), float(b)
