@@ -224,16 +224,17 @@ def _check_normal_scale(x: FloatArray) -> None:
     for a rescale rather than a NaN or a misleading message.
     """
     ok = ~np.isnan(x)
+    # per prompt; a prompt without rewards has hi = -inf, lo = inf and drops out of both maxima
     hi = np.where(ok, x, -np.inf).max(axis=1, initial=-np.inf)
     lo = np.where(ok, x, np.inf).min(axis=1, initial=np.inf)
-    big = float(np.max(np.abs(np.where(ok, x, 0.0)), initial=0.0))
+    big = max(float(np.max(hi, initial=0.0)), -float(np.min(lo, initial=0.0)))
     if big > _NORMAL_SCALE_LIMIT:
         raise ConfigError(
             "rewards", f"max |reward| {big:.3g}",
             f"too large for a normal prior (beta0 is in squared reward units; limit "
             f"{_NORMAL_SCALE_LIMIT:g}): divide the rewards (and the cost) by a constant first",
         )
-    widest = float(np.max(np.where(ok.any(axis=1), hi - lo, 0.0), initial=0.0))
+    widest = float(np.max(hi - lo, initial=0.0))
     if 0.0 < widest < 1.0 / _NORMAL_SCALE_LIMIT:
         raise ConfigError(
             "rewards", f"largest within-prompt spread {widest:.3g}",

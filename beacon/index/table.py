@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
+from beacon._checks import is_real
 from beacon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,35 +42,27 @@ def _kernels() -> Any:
     return _KERNELS
 
 
-def _real_scalar(z: object) -> float:
-    """``z`` as a float; strings, booleans, complex numbers and non-numbers are a ConfigError."""
-    if isinstance(z, str | bytes | bool | np.bool_ | complex | np.complexfloating):
-        raise ConfigError("z", z, "the standardized best reward must be a real number")
-    try:
-        return float(z)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ConfigError("z", z, "the standardized best reward must be a real number") from None
+def _as_real_array(z: Any) -> FloatArray:
+    """``z`` (a number or an array of them) as a float64 array, 0-d for a scalar.
 
-
-def _ndim(z: Any) -> int:
-    """``np.ndim(z)``; a ragged nested sequence is a ConfigError rather than numpy's ValueError."""
+    Anything else is a ConfigError naming ``z``: text, booleans, complex numbers, ``None``,
+    object arrays and ragged nested sequences (numpy's own errors would not name the field).
+    """
     try:
-        return int(np.ndim(z))
+        za = np.asarray(z)
     except ValueError as exc:
         raise ConfigError("z", "ragged sequence", f"not an array of real numbers ({exc})") from None
-
-
-def _real_array(z: object) -> FloatArray:
-    """``z`` as a float64 array; an array of anything but integers or reals is a ConfigError."""
-    za = np.asarray(z)
-    if za.dtype.kind not in "iuf":
-        raise ConfigError(
-            "z",
-            f"array of dtype {za.dtype}",
-            "the standardized best rewards must be integers or real numbers",
-        )
-    out: FloatArray = za.astype(np.float64)
-    return out
+    if za.dtype.kind in "iuf":
+        return za.astype(np.float64)
+    if za.ndim == 0:
+        if is_real(z):  # a Python int beyond int64, a Fraction: numpy keeps them as objects
+            return np.asarray(float(z))
+        raise ConfigError("z", z, "the standardized best reward must be a real number")
+    raise ConfigError(
+        "z",
+        f"array of dtype {za.dtype}",
+        "the standardized best rewards must be integers or real numbers",
+    )
 
 
 class HTable:
@@ -176,12 +169,12 @@ class HTable:
         """``h_{n,k}(z)``; ``z`` a float gives a float, an array gives an array of its shape."""
         ki = self._check_k(k)
         kern = _kernels()
-        if _ndim(z) == 0:
-            zf = _real_scalar(z)
+        za = _as_real_array(z)
+        if za.ndim == 0:
+            zf = float(za)
             if math.isnan(zf):
                 raise ConfigError("z", z, "the standardized best reward must not be NaN")
             return float(kern.h_lookup(*self._arrays, ki, zf))
-        za = _real_array(z)
         if np.isnan(za).any():
             raise ConfigError("z", "array with NaN", "the standardized best reward must not be NaN")
         flat = np.ascontiguousarray(za.reshape(-1))
