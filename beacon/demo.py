@@ -32,6 +32,8 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from beacon._checks import is_integer, is_real
+
 __all__ = ["DemoGenerator", "DemoScorer", "DemoTransientError", "DemoVerifier", "generator",
            "scorer", "verifier"]
 
@@ -72,18 +74,18 @@ def _normal(*parts: Any) -> float:
 def _check(name: str, value: Any, lo: float, hi: float) -> float:
     from beacon.errors import ConfigError
 
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+    if not is_real(value) or not lo <= value <= hi:
         raise ConfigError(name, value, f"must be a number in [{lo}, {hi}]")
     return float(value)
 
 
 class _Base:
     def __init__(self, seed: int = 0, latency_ms: float = 0.0, fail_rate: float = 0.0) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not is_integer(seed):
             from beacon.errors import ConfigError
 
             raise ConfigError("seed", seed, "must be an integer")
-        self.seed = seed
+        self.seed = int(seed)
         self.latency = _check("latency_ms", latency_ms, 0.0, 600_000.0) / 1000.0
         self.fail_rate = _check("fail_rate", fail_rate, 0.0, 1.0)
 

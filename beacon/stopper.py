@@ -295,9 +295,10 @@ class Stopper:
                 " (call next_decision() first)"
             )
         validate, update, tr, direct = self._validate, self._update, self._transform, self._direct
-        st = self._state
-        for r in rewards:
-            pos = self._n_obs
+        # Everything is computed on locals and stored at the end: a reward rejected half-way
+        # through a batch (by the family or the transform) leaves the Stopper as it was.
+        st, best, best_pos, pos0 = self._state, self._best_raw, self._best_index, self._n_obs
+        for pos, r in enumerate(rewards, pos0):
             if direct and type(r) is float and _isfinite(r):
                 st = update(st, r)  # what the checks below give for a finite float
                 raw = r
@@ -308,11 +309,11 @@ class Stopper:
                     raise RewardError(pos, r, "rewards must be real numbers") from exc
                 raw = validate(raw, pos)
                 st = update(st, raw if tr is None else tr.apply_scalar(raw, pos))
-            if raw > self._best_raw:
-                self._best_raw, self._best_index = raw, pos
-            self._n_obs += 1
-            self._pending -= 1
-        self._state = st
+            if raw > best:
+                best, best_pos = raw, pos
+        self._state, self._best_raw, self._best_index = st, best, best_pos
+        self._n_obs = pos0 + len(rewards)
+        self._pending -= len(rewards)
 
     def _draw(
         self,

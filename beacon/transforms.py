@@ -41,7 +41,13 @@ class RewardTransform:
 
     def apply_scalar(self, reward: float, position: int | None = None) -> float:
         """Transform one raw reward; raises :class:`RewardError` if it is outside the domain."""
-        out = float(self.apply(np.asarray([reward], dtype=np.float64))[0])
+        try:
+            out = float(self.apply(np.asarray([reward], dtype=np.float64))[0])
+        except RewardError as exc:
+            if position is None:
+                raise
+            # apply() saw a one-element array: the position it names is 0, not the caller's
+            raise RewardError(position, reward, exc.reason) from None
         if not math.isfinite(out):
             raise RewardError(position, reward, f"outside the domain of the {self.kind} transform")
         return out

@@ -140,6 +140,21 @@ def test_job_spec_round_trips_with_fitted_prior_and_transform() -> None:
     assert e.value.field == "sampling.tmeout"
 
 
+def test_job_spec_sampling_takes_numpy_scalars_and_stores_json_numbers() -> None:
+    np = __import__("numpy")
+    spec = _spec()
+    sampling = {"timeout": np.float32(2.5), "max_attempts": np.int64(4), "max_seconds": 30}
+    got = JobSpec(spec.generator, spec.scorer, spec.config, sampling)
+    assert got.sampling == {"timeout": 2.5, "max_attempts": 4, "max_seconds": 30}
+    assert [type(v) for v in got.sampling.values()] == [float, int, int]
+    assert JobSpec.from_dict(json.loads(json.dumps(got.to_dict()))) == got
+    for bad in ({"max_attempts": np.float64(2.0)}, {"timeout": np.bool_(True)},
+                {"timeout": np.float64("nan")}):
+        with pytest.raises(JobInputError) as e:
+            JobSpec(spec.generator, spec.scorer, spec.config, bad)
+        assert e.value.field == f"sampling.{next(iter(bad))}"
+
+
 # -- keys ----------------------------------------------------------------------------------------
 def test_prompt_key_covers_every_input_but_not_formatting() -> None:
     rec = PromptRecord("a", "hello", line=1)
@@ -234,6 +249,13 @@ def test_demo_is_deterministic_by_seed() -> None:
     with pytest.raises(beacon.ConfigError) as e:
         demo.generator(fail_rate=2.0)
     assert e.value.field == "fail_rate"
+    np = __import__("numpy")
+    assert asyncio.run(draws(np.int64(1))) == c  # a numpy seed is the same seed
+    for kwargs, field in (({"seed": 1.0}, "seed"), ({"seed": True}, "seed"),
+                          ({"latency_ms": np.float64(-1.0)}, "latency_ms")):
+        with pytest.raises(beacon.ConfigError) as e:
+            demo.generator(**kwargs)
+        assert e.value.field == field
 
 
 # -- local runner --------------------------------------------------------------------------------

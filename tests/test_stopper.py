@@ -87,6 +87,38 @@ def test_non_finite_reward_names_its_position(bad: object) -> None:
     assert s.k == 1 and s.pending == 2  # nothing of a rejected call is kept
 
 
+@pytest.mark.parametrize(
+    ("cfg", "good", "bad"),
+    [
+        (BeaconConfig(horizon=8), [0.5, 0.9], math.nan),
+        (BeaconConfig(horizon=8, transform="logit"), [0.5, 0.9], 1.5),
+        (BeaconConfig(horizon=8, family="bernoulli", cost=0.01, batch_size=3), [0.0, 0.0], 0.5),
+    ],
+)
+def test_a_batch_rejected_half_way_keeps_nothing(
+    cfg: BeaconConfig, good: list[float], bad: float
+) -> None:
+    def started() -> Stopper:
+        s = Stopper(cfg)
+        while s.next_decision().count < 3:  # bernoulli draws k0 = 1 first
+            s.observe(good[0])
+        return s
+
+    s, fresh = started(), started()
+    k, pending, best = s.k, s.pending, s.best_index
+    with pytest.raises(RewardError) as exc:
+        s.observe([*good, bad])
+    assert exc.value.position == k + len(good)
+    assert (s.k, s.pending, s.best_index) == (k, pending, best)
+    assert s.state == fresh.state
+    # the Stopper goes on exactly as if the rejected call never happened
+    retry = [*good, good[0]]
+    s.observe(retry)
+    fresh.observe(retry)
+    assert s.state == fresh.state and s.best_index == fresh.best_index
+    assert s.next_decision() == fresh.next_decision()
+
+
 def test_numpy_scalars_and_iterables_are_rewards() -> None:
     s = Stopper(BeaconConfig(horizon=8))
     s.next_decision()

@@ -9,11 +9,12 @@ the Universal Index Policy), ``bernoulli`` (Beta learning with the reservation-c
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
-from beacon.errors import UnknownFamilyError
+from beacon.errors import ConfigError, UnknownFamilyError
 from beacon.families.base import Decision, RewardFamily
 
 __all__ = [
@@ -25,30 +26,70 @@ __all__ = [
 ]
 
 _FAMILIES: dict[str, RewardFamily] = {}
+_BROKEN: dict[str, ConfigError] = {}
 _ENTRY_POINTS_LOADED = False
 
 F = TypeVar("F", bound=type[RewardFamily])
 
 
-def register_family(name: str | None = None) -> Callable[[F], F]:
+@overload
+def register_family(name: F, /) -> F: ...
+
+
+@overload
+def register_family(name: str | None = None, /) -> Callable[[F], F]: ...
+
+
+def register_family(name: str | type[RewardFamily] | None = None, /) -> Any:
     """Class decorator: register a :class:`RewardFamily` subclass under ``name``.
 
-    ``name`` defaults to the class attribute ``name``. Registering a name twice replaces the
-    earlier family (so a plugin can override a built-in on purpose).
+    ``@register_family("mine")`` registers under ``"mine"``; ``@register_family()`` and the bare
+    ``@register_family`` use the class attribute ``name``. A class without a ``name`` takes the
+    one it is registered under; a class that has one keeps it (it is what the family's error
+    messages say), so registering a class under a second name adds an alias without renaming
+    it. Registering a name twice replaces the earlier family (so a plugin can override a
+    built-in on purpose). A name that is not a non-empty string, a decorated object that is not
+    a concrete :class:`RewardFamily` subclass, or a class that cannot be instantiated without
+    arguments raises :class:`beacon.ConfigError` naming it.
     """
+    if isinstance(name, type):
+        return _register(name, None)
+    if name is not None and not (isinstance(name, str) and name.strip()):
+        raise ConfigError("name", name, "a reward family name must be a non-empty string")
 
     def deco(cls: F) -> F:
-        key = name or cls.name
-        if not key:
-            raise ValueError(f"family class {cls.__name__} has no name")
-        cls.name = key
-        _FAMILIES[key] = cls()
-        return cls
+        return _register(cls, name)
 
     return deco
 
 
+def _instantiate(obj: object, what: str) -> RewardFamily:
+    if not (isinstance(obj, type) and issubclass(obj, RewardFamily)):
+        raise ConfigError(what, obj, "must be a RewardFamily subclass")
+    try:
+        return obj()
+    except TypeError as exc:  # abstract methods left, or required constructor arguments
+        raise ConfigError(what, obj, f"cannot be instantiated without arguments: {exc}") from exc
+
+
+def _register(cls: F, name: str | None) -> F:
+    fam = _instantiate(cls, "family class")
+    key = name or cls.name
+    if not (isinstance(key, str) and key.strip()):
+        raise ConfigError("name", key, f"family class {cls.__name__} has no name; pass one")
+    if not cls.name:
+        cls.name = key
+    _FAMILIES[key] = fam
+    return cls
+
+
 def _load_entry_points() -> None:
+    """Load the ``beacon.reward_families`` plugins once, each on its own.
+
+    A plugin that fails to load (import error, not a family) does not stop the others: it is
+    reported with a warning now and its :class:`beacon.ConfigError` is raised when that name is
+    asked for.
+    """
     global _ENTRY_POINTS_LOADED
     if _ENTRY_POINTS_LOADED:
         return
@@ -56,17 +97,21 @@ def _load_entry_points() -> None:
     for ep in entry_points(group="beacon.reward_families"):
         if ep.name in _FAMILIES:
             continue
-        obj = ep.load()
-        if isinstance(obj, type) and issubclass(obj, RewardFamily):
-            obj.name = ep.name
-            _FAMILIES[ep.name] = obj()
-        elif isinstance(obj, RewardFamily):
-            _FAMILIES[ep.name] = obj
+        what = f"entry point beacon.reward_families:{ep.name}"
+        try:
+            obj = ep.load()
+            fam = obj if isinstance(obj, RewardFamily) else _instantiate(obj, what)
+        except ConfigError as exc:
+            _BROKEN[ep.name] = exc
+        except Exception as exc:  # a plugin's import may raise anything
+            _BROKEN[ep.name] = ConfigError(what, ep.value, f"failed to load: {exc!r}")
+            _BROKEN[ep.name].__cause__ = exc
         else:
-            raise TypeError(
-                f"entry point beacon.reward_families:{ep.name} must name a RewardFamily "
-                f"subclass, got {obj!r}"
-            )
+            if not type(fam).name:
+                type(fam).name = ep.name
+            _FAMILIES[ep.name] = fam
+            continue
+        warnings.warn(str(_BROKEN[ep.name]), RuntimeWarning, stacklevel=3)
 
 
 def available_families() -> list[str]:
@@ -81,6 +126,8 @@ def get_family(name: str) -> RewardFamily:
     if fam is None:
         _load_entry_points()
         fam = _FAMILIES.get(name) if isinstance(name, str) else None
+    if fam is None and isinstance(name, str) and name in _BROKEN:
+        raise _BROKEN[name]
     if fam is None:
         raise UnknownFamilyError(name, available_families())
     return fam

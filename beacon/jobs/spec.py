@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beacon._checks import is_integer, is_real
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError
 
@@ -399,13 +400,14 @@ class JobSpec:
                                     f"unknown option; known: {', '.join(_SAMPLING_KEYS)}")
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                    or v < 0:
+            if not is_real(v) or not math.isfinite(v) or v < 0:
                 raise JobInputError(f"sampling.{k}", v, "must be a finite number >= 0")
-            if k in ("max_attempts", "max_tokens") and (not isinstance(v, int) or v < 1):
+            if k in ("max_attempts", "max_tokens") and (not is_integer(v) or v < 1):
                 raise JobInputError(f"sampling.{k}", v, "must be an integer >= 1")
             if k in ("timeout", "max_cost", "max_seconds") and v == 0:
                 raise JobInputError(f"sampling.{k}", v, "must be > 0")
+            # plain int / float: the spec travels as JSON to the workers (np.int64 would not)
+            s[k] = int(v) if is_integer(v) else float(v)
         object.__setattr__(self, "sampling", {k: v for k, v in s.items() if v is not None})
 
     def budget_kwargs(self) -> dict[str, Any]:
