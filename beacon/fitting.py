@@ -69,6 +69,7 @@ from numpy.typing import ArrayLike, NDArray
 from beacon._checks import is_integer, is_real
 from beacon.errors import ConfigError, RewardError
 from beacon.families.judge import WIN_THRESHOLD  # importing registers the "judge" family
+from beacon.families.normal import MAX_ABS_REWARD
 from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
 from beacon.transforms import (
     LogitTransform,
@@ -213,7 +214,7 @@ class _Stats:
         return cls(k, mean, ss)
 
 
-_NORMAL_SCALE_LIMIT = 1e140
+_NORMAL_SCALE_LIMIT = MAX_ABS_REWARD  # the Stopper's limit on |reward|
 
 
 def _check_normal_scale(x: FloatArray) -> None:

@@ -22,7 +22,7 @@ from beacon.config import BeaconConfig
 from beacon.errors import RewardError
 from beacon.families.bernoulli import reservation_cost
 from beacon.families.judge import WIN_THRESHOLD
-from beacon.families.normal import predictive_quantile
+from beacon.families.normal import _TOO_LARGE, MAX_ABS_REWARD, predictive_quantile
 from beacon.priors import BetaPrior, NIGPrior
 from beacon.stopper import Draw, Stopper
 
@@ -86,6 +86,11 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
         if bad.any():
             r, c = (int(v) for v in np.argwhere(bad)[0])
             raise RewardError((r, c), float(raw[r, c]), "outside the domain of the transform")
+        with np.errstate(invalid="ignore"):
+            big = np.abs(x) > MAX_ABS_REWARD
+        if big.any():
+            r, c = (int(v) for v in np.argwhere(big)[0])
+            raise RewardError((r, c), float(x[r, c]), _TOO_LARGE)
         from beacon._kernels.replay import replay_normal
         from beacon.index import get_table
 

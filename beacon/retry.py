@@ -8,6 +8,7 @@ seconds, multiplied by a uniform jitter factor in ``[1 - jitter, 1]`` ("equal"/"
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,14 +95,18 @@ class RetryPolicy:
         object.__setattr__(self, "max_attempts", int(self.max_attempts))
         for name in ("base_delay", "max_delay"):
             v = getattr(self, name)
-            if not is_real(v) or not v >= 0:
-                raise ConfigError(name, v, "must be a number of seconds >= 0")
+            if not is_real(v) or not 0 <= v < math.inf:
+                raise ConfigError(name, v, "must be a finite number of seconds >= 0")
         m = self.multiplier
-        if not is_real(m) or not m >= 1:
-            raise ConfigError("multiplier", m, "must be >= 1")
+        if not is_real(m) or not 1 <= m < math.inf:
+            raise ConfigError("multiplier", m, "must be a finite number >= 1")
         j = self.jitter
         if not is_real(j) or not 0 <= j <= 1:
             raise ConfigError("jitter", j, "must be in [0, 1]")
+        if self.retry_on is not None and not callable(self.retry_on):
+            raise ConfigError(
+                "retry_on", self.retry_on, "must be a callable exc -> bool, or None"
+            )
         for name in ("base_delay", "max_delay", "multiplier", "jitter"):
             object.__setattr__(self, name, float(getattr(self, name)))
 
@@ -115,11 +120,21 @@ class RetryPolicy:
         if attempt >= self.max_attempts:
             return False
         pred = self.retry_on or is_retryable
-        return bool(pred(exc))
+        try:
+            return bool(pred(exc))
+        except Exception as perr:
+            # A broken predicate must not hide the call's own error: report both.
+            raise ConfigError(
+                "retry_on", pred, f"raised {perr!r} deciding whether to retry {exc!r}"
+            ) from exc
 
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1-based), jitter applied."""
-        d = min(self.max_delay, self.base_delay * self.multiplier ** (retry - 1))
+        try:
+            growth = self.multiplier ** (retry - 1)
+        except OverflowError:  # hundreds of retries: the cap has long been reached
+            growth = math.inf
+        d = min(self.max_delay, self.base_delay * growth) if self.base_delay else 0.0
         if self.jitter:
             u = (rng or random).random()
             d *= 1.0 - self.jitter * u

@@ -24,7 +24,7 @@ way).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -127,6 +127,11 @@ def _as_reward_list(reward: object, pos: int) -> list[Any]:
         return [reward]
     if isinstance(reward, str | bytes):
         raise RewardError(pos, reward, "rewards must be real numbers, not text")
+    if isinstance(reward, Mapping | Set):
+        # a dict would give its keys, a set an arbitrary order: neither is "in drawn order"
+        raise RewardError(
+            pos, reward, f"rewards must be a number or a sequence, not a {type(reward).__name__}"
+        )
     if getattr(reward, "ndim", None) == 0:  # numpy scalar or 0-d array
         return [reward.item()]  # type: ignore[attr-defined]
     if isinstance(reward, Iterable):
@@ -305,6 +310,8 @@ class Stopper:
             else:
                 try:
                     raw = float(r)
+                except OverflowError as exc:  # an int beyond the float range
+                    raise RewardError(pos, r, "rewards must be finite") from exc
                 except (TypeError, ValueError) as exc:
                     raise RewardError(pos, r, "rewards must be real numbers") from exc
                 raw = validate(raw, pos)

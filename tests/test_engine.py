@@ -772,3 +772,154 @@ async def test_sync_scorer_returning_awaitable_still_gets_the_timeout() -> None:
     s = BeaconSampler(FakeModel(p=1.0), score, cfg, timeout=0.05, retry=RetryPolicy.none())
     res = await s.arun("q")
     assert res.stop_reason == "error" and (res.error or "").startswith("TimeoutError")
+
+
+# -- bad input: typed errors up front, bad values from models and scorers fail one sample --------
+@pytest.mark.parametrize("prompts", ["abc", b"abc", {"a": "first prompt"}, 5, None])
+async def test_prompts_that_are_not_a_list_of_prompts_are_config_errors(prompts: Any) -> None:
+    model = FakeModel()
+    s = BeaconSampler(model, bin_score, bern())
+    with pytest.raises(beacon.ConfigError) as exc:
+        await s.arun_many(prompts)
+    assert exc.value.field == "prompts"
+    with pytest.raises(beacon.ConfigError):
+        [x async for x in s.astream_many(prompts)]
+    assert model.calls == 0
+
+
+async def test_bad_metadata_and_observers_are_config_errors_before_any_call() -> None:
+    model = FakeModel()
+    s = BeaconSampler(model, bin_score, bern())
+    cases: list[tuple[Any, str]] = [
+        (s.arun("q", metadata=5), "metadata"),  # type: ignore[arg-type]
+        (s.arun("q", observers=print), "observers"),  # type: ignore[arg-type]
+        (s.arun("q", observers=[5]), "observers"),  # type: ignore[list-item]
+        (s.arun_many(["a", "b"], metadata=[1, 2]), "metadata[0]"),  # type: ignore[list-item]
+        (s.arun_many(["a", "b", "c"], metadata=[{}, {}]), "metadata"),
+        (s.arun_many(iter(["a", "b"]), metadata=[{}, {}, {}]), "metadata"),
+    ]
+    for coro, field in cases:
+        with pytest.raises(beacon.ConfigError) as exc:
+            await coro
+        assert exc.value.field == field
+    with pytest.raises(beacon.ConfigError) as exc2:
+        [x async for x in s.astream_many(["a", "b"], metadata=[{}])]
+    assert exc2.value.field == "metadata"
+    assert model.calls == 0
+    with pytest.raises(beacon.ConfigError, match="observers"):
+        BeaconSampler(model, bin_score, bern(), observers=print)  # type: ignore[arg-type]
+    res = await BeaconSampler(model, bin_score, bern(), observers=None).arun(  # type: ignore[arg-type]
+        "q", observers=None, metadata=None
+    )
+    seen: list[Any] = []
+    res2 = await BeaconSampler(model, bin_score, bern(), observers=(seen.append,)).arun("q")
+    assert res.n_samples >= 1 and len(seen) >= 2 * res2.n_samples
+
+
+@pytest.mark.parametrize(
+    ("returned", "why"),
+    [
+        ({0: 1.0, 1: 1.0}, "dict"),
+        ({1.0, 0.0}, "set"),
+        ("10", "str"),
+        (None, "NoneType"),
+    ],
+)
+async def test_batched_scorer_returning_no_list_fails_the_batch(returned: Any, why: str) -> None:
+    cfg = bern(cost=0.001, horizon=4, batch_size=2, max_failures=10)
+    res = await BeaconSampler(
+        FakeModel(), BatchScorer(lambda p, ts: returned), cfg, retry=FAST_RETRY
+    ).arun("q")
+    assert res.candidates and all(c.failed for c in res.candidates)
+    assert all(c.reward is None and why in (c.error or "") for c in res.candidates)
+
+
+async def test_batched_scorer_may_return_any_ordered_sequence() -> None:
+    np = pytest.importorskip("numpy")
+    cfg = bern(cost=0.001, horizon=4, batch_size=2)
+    for make in (lambda ts: np.zeros(len(ts)), lambda ts: (0.0 for _ in ts), tuple):
+        def score(p: Any, ts: list[str], make: Any = make) -> Any:
+            return make([0.0] * len(ts)) if make is tuple else make(ts)
+
+        res = await BeaconSampler(FakeModel(), BatchScorer(score), cfg).arun("q")
+        assert res.n_samples == 4 and all(c.reward == 0.0 for c in res.candidates)
+
+
+async def test_scorer_values_at_the_edges() -> None:
+    np = pytest.importorskip("numpy")
+    verdicts = iter([np.False_, np.True_])
+    res = await BeaconSampler(
+        FakeModel(), lambda p, t: next(verdicts), bern(cost=0.001, horizon=4)
+    ).arun("q")
+    assert [c.reward for c in res.candidates] == [0.0, 1.0]
+    assert res.stop_reason == "absorbed"
+
+    huge = await BeaconSampler(
+        FakeModel(), lambda p, t: 10**400, bern(max_failures=2), retry=FAST_RETRY
+    ).arun("q")
+    assert huge.stop_reason == "error"
+    assert all("RewardError" in (c.error or "") and "finite" in (c.error or "")
+               for c in huge.candidates)
+
+
+@pytest.mark.parametrize(
+    ("gen", "field"),
+    [
+        ({"text": None}, "text"),
+        ({"text": 5}, "text"),
+        ({"text": "a", "cost": float("nan")}, "Generation.cost"),
+        ({"text": "a", "cost": -1.0}, "Generation.cost"),
+        ({"text": "a", "input_tokens": -100}, "Generation.input_tokens"),
+        ({"text": "a", "output_tokens": "abc"}, "Generation.output_tokens"),
+        ({"text": "a", "output_tokens": 2.5}, "Generation.output_tokens"),
+    ],
+)
+def test_generation_fields_are_checked(gen: dict[str, Any], field: str) -> None:
+    with pytest.raises((beacon.ConfigError, TypeError)) as exc:
+        Generation(**gen)
+    if isinstance(exc.value, beacon.ConfigError):
+        assert exc.value.field == field
+    else:
+        assert field in str(exc.value)
+
+
+async def test_a_model_reporting_a_nan_cost_fails_its_samples_and_the_budget_holds() -> None:
+    np = pytest.importorskip("numpy")
+    assert Generation("a", np.int64(3), np.int32(4), np.float32(0.5)) == Generation("a", 3, 4, 0.5)
+
+    async def gen(p: Any) -> Generation:
+        return Generation("r=0", cost=float("nan"))
+
+    res = await BeaconSampler(
+        gen, bin_score, bern(max_failures=2), budget=Budget(max_cost=0.001)
+    ).arun("q")
+    assert res.stop_reason == "error" and res.usage.cost is None  # nothing was charged
+    assert all("Generation.cost" in (c.error or "") for c in res.candidates)
+
+
+def test_retry_policy_rejects_what_would_break_a_retry() -> None:
+    for kw, field in (
+        ({"retry_on": 5}, "retry_on"),
+        ({"base_delay": float("inf"), "max_delay": float("inf")}, "base_delay"),
+        ({"max_delay": float("inf")}, "max_delay"),
+        ({"multiplier": float("inf")}, "multiplier"),
+    ):
+        with pytest.raises(beacon.ConfigError) as exc:
+            RetryPolicy(**kw)
+        assert exc.value.field == field
+    p = RetryPolicy(max_attempts=5000, multiplier=1e308, max_delay=3.0, jitter=0.0)
+    assert p.delay(1) == 0.5 and p.delay(3) == 3.0 and p.delay(4000) == 3.0
+    assert RetryPolicy(base_delay=0.0, jitter=0.0).delay(2000) == 0.0
+
+
+async def test_a_broken_retry_predicate_reports_both_errors() -> None:
+    def pred(exc: BaseException) -> bool:
+        raise KeyError("oops")
+
+    res = await BeaconSampler(
+        FakeModel(fail=lambda n, p: ConnectionError("down")), bin_score, bern(max_failures=1),
+        retry=RetryPolicy(retry_on=pred, base_delay=0.0),
+    ).arun("q")
+    err = res.candidates[0].error or ""
+    assert res.stop_reason == "error"
+    assert "retry_on" in err and "oops" in err and "ConnectionError('down')" in err

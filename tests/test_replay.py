@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import beacon
-from beacon import BeaconConfig, BetaPrior, NIGPrior, RewardError
+from beacon import BeaconConfig, BetaPrior, Draw, NIGPrior, RewardError, Stopper
 from beacon.replay import _replay_with_stopper
 
 CONFIGS = [
@@ -115,6 +115,23 @@ def test_bad_arrays() -> None:
         beacon.replay(np.full((2, 8), 0.5), BeaconConfig(family="bernoulli", horizon=8))
     with pytest.raises(RewardError, match=r"\[0, 1\]"):
         beacon.replay(np.full((2, 8), 2.0), BeaconConfig(horizon=8, transform="logit"))
+    x = np.ones((3, 8))
+    x[1, 4] = -1e300  # finite, but its square overflows the normal statistics
+    with pytest.raises(RewardError, match="rescale") as exc:
+        beacon.replay(x, cfg)
+    assert exc.value.position == (1, 4)
+
+
+def test_replay_at_the_largest_reward_scale_equals_the_stopper() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(40, 8)) * 1e139 / 5
+    cfg = BeaconConfig(cost=1e137, horizon=8)
+    res = beacon.replay(x, cfg)
+    for i, row in enumerate(x):
+        s = Stopper(cfg)
+        while isinstance(d := s.next_decision(), Draw):
+            s.observe(row[s.k : s.k + d.count])
+        assert (res.n_samples[i], res.chosen[i]) == (s.k, s.best_index)
 
 
 def test_judge_replay_equals_stopper() -> None:

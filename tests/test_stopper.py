@@ -119,6 +119,30 @@ def test_a_batch_rejected_half_way_keeps_nothing(
     assert s.next_decision() == fresh.next_decision()
 
 
+@pytest.mark.parametrize(
+    "bad", [{0: 0.5}, {0.5, 0.25}, 10**400, [0.5, 10**400]], ids=["dict", "set", "int", "list"]
+)
+def test_dicts_sets_and_huge_ints_are_reward_errors(bad: object) -> None:
+    s = Stopper(BeaconConfig(horizon=8))
+    s.next_decision()
+    with pytest.raises(RewardError):
+        s.observe(bad)  # type: ignore[arg-type]
+    assert s.k == 0 and s.pending == 3
+
+
+@pytest.mark.parametrize("big", [1e308, -1e308, 2e140])
+def test_rewards_beyond_the_normal_range_are_reward_errors_not_nan(big: float) -> None:
+    s = Stopper(BeaconConfig(horizon=8))
+    s.next_decision()
+    with pytest.raises(RewardError, match="rescale") as exc:
+        s.observe([1.0, big, 1.0])
+    assert exc.value.position == 1 and s.k == 0
+    s.observe([1e139, -1e139, 5e138])  # the largest scale that is fine
+    d = s.next_decision()
+    assert all(math.isfinite(v) for v in (s.state.mu, s.state.sigma, s.trace[-1].h))
+    assert d in (Draw(1), Stop("index"))
+
+
 def test_numpy_scalars_and_iterables_are_rewards() -> None:
     s = Stopper(BeaconConfig(horizon=8))
     s.next_decision()

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
+
+from beacon._checks import is_integer, is_real
+from beacon.errors import ConfigError
 
 __all__ = [
     "BatchScorer",
@@ -54,6 +58,24 @@ class Generation:
     output_tokens: int | None = None
     cost: float | None = None
     raw: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Checked here because a budget trusts these numbers: a NaN cost would never reach a
+        # cap and negative tokens would lower the count. Raised from the model call, the error
+        # fails that sample (reported on the candidate) and the query goes on.
+        if not isinstance(self.text, str):
+            raise TypeError(f"Generation.text must be a str, got {type(self.text).__name__}")
+        for name in ("input_tokens", "output_tokens"):
+            v = getattr(self, name)
+            if v is not None:
+                if not is_integer(v) or v < 0:
+                    raise ConfigError(f"Generation.{name}", v, "must be an integer >= 0 or None")
+                setattr(self, name, int(v))
+        c = self.cost
+        if c is not None:
+            if not is_real(c) or not 0 <= c < math.inf:
+                raise ConfigError("Generation.cost", c, "must be a finite number >= 0 or None")
+            self.cost = float(c)
 
 
 class BatchScorer:
@@ -97,7 +119,10 @@ def _content_text(content: Any) -> str:
 
 
 def _int_or_none(v: Any) -> int | None:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    """A reported token count, or None where the provider's usage field is not one."""
+    if not is_real(v) or not 0 <= v < math.inf:
+        return None
+    return int(v)
 
 
 def coerce_generation(out: Any) -> Generation:
@@ -188,7 +213,13 @@ def _is_async_callable(fn: Any) -> bool:
 
 
 def _check_rewards(out: Any, n: int) -> list[float]:
-    if isinstance(out, str | bytes) or not isinstance(out, Sequence | list | tuple):
+    if isinstance(out, str | bytes | Mapping | Set):
+        # iterating would give characters, keys, or an arbitrary order
+        raise TypeError(
+            f"batched scorer must return a list of {n} rewards in the order of the responses,"
+            f" got {type(out).__name__}"
+        )
+    if not isinstance(out, Sequence):
         try:
             out = list(out)
         except TypeError as exc:

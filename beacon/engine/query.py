@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine.calls import CallGuard, guarded_call
@@ -339,9 +341,13 @@ def _as_reward(r: Any, position: int) -> float:
         if math.isfinite(r):
             return r
         raise RewardError(position, r, "reward must be finite")
-    if not isinstance(r, numbers.Real):
+    # numpy booleans are not numbers.Real, but a verifier returning np.True_ means 1
+    if not isinstance(r, numbers.Real | np.bool_):
         raise RewardError(position, r, "scorer must return a real number")
-    x = float(r)
+    try:
+        x = float(r)
+    except OverflowError:  # an int beyond the float range
+        x = math.inf
     if not math.isfinite(x):
         raise RewardError(position, r, "reward must be finite")
     return x

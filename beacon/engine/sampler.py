@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import weakref
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence, Sized
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
@@ -45,6 +45,49 @@ def _timeout(name: str, v: Any) -> float | None:
     if not is_real(v) or not v > 0:
         raise ConfigError(name, v, "must be a positive number of seconds or None")
     return float(v)
+
+
+def _observers(name: str, v: Any) -> tuple[Observer, ...]:
+    """``v`` as a tuple of callables (``None``: none); a ConfigError naming ``name`` otherwise."""
+    if v is None:
+        return ()
+    if callable(v) or isinstance(v, str | bytes | Mapping) or not isinstance(v, Iterable):
+        raise ConfigError(name, v, "must be a list of callables (wrap a single one in a list)")
+    out = tuple(v)
+    for obs in out:
+        if not callable(obs):
+            raise ConfigError(name, obs, "every observer must be callable")
+    return out
+
+
+def _metadata(name: str, v: Any) -> Mapping[str, Any] | None:
+    if v is not None and not isinstance(v, Mapping):
+        raise ConfigError(name, v, "must be a mapping (a dict) or None")
+    return v
+
+
+def _prompts(v: Any) -> Iterable[Any]:
+    # A string is one prompt, not an iterable of one-character prompts; a dict would give its
+    # keys. Both are the likely mistakes of passing one prompt or an {id: prompt} mapping.
+    if isinstance(v, str | bytes | Mapping) or not isinstance(v, Iterable):
+        raise ConfigError(
+            "prompts", v, "must be an iterable of prompts (a list); for one prompt use run()"
+        )
+    return v
+
+
+def _metadata_list(v: Any, n_prompts: int | None) -> list[Mapping[str, Any] | None]:
+    """Per-prompt metadata, checked before any query starts (where the count is known)."""
+    if isinstance(v, str | bytes) or not isinstance(v, Iterable):
+        raise ConfigError("metadata", v, "must be a mapping or a list of them")
+    out = list(v)
+    for i, m in enumerate(out):
+        _metadata(f"metadata[{i}]", m)
+    if n_prompts is not None and len(out) != n_prompts:
+        raise ConfigError(
+            "metadata", f"<{len(out)} entries>", f"needs one entry per prompt ({n_prompts})"
+        )
+    return out
 
 
 class BeaconSampler:
@@ -117,10 +160,7 @@ class BeaconSampler:
         self.retry = retry
         self.timeout = _timeout("timeout", timeout)
         self.budget = budget
-        self.observers: tuple[Observer, ...] = tuple(observers)
-        for obs in self.observers:
-            if not callable(obs):
-                raise ConfigError("observers", obs, "every observer must be callable")
+        self.observers: tuple[Observer, ...] = _observers("observers", observers)
         self._rng = random.Random(seed)
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EngineContext] = (
             weakref.WeakKeyDictionary()
@@ -183,7 +223,9 @@ class BeaconSampler:
         in progress at once (default ``4 * max_concurrency``); the concurrency limit on calls
         applies across all of them either way.
         """
-        items = list(prompts)
+        items = list(_prompts(prompts))
+        if metadata is not None and not isinstance(metadata, Mapping):
+            metadata = _metadata_list(metadata, len(items))  # before any query spends a call
         out: list[BeaconResult | None] = [None] * len(items)
         stream = self.astream_many(
             items, observers=observers, metadata=metadata, max_active=max_active
@@ -225,16 +267,16 @@ class BeaconSampler:
         active = self.max_concurrency * 4 if max_active is None else _positive_int(
             "max_active", max_active
         )
+        _prompts(prompts)
         shared_meta: Mapping[str, Any] | None = None
         meta_list: list[Mapping[str, Any] | None] = []
         seq_meta = metadata is not None and not isinstance(metadata, Mapping)
         if isinstance(metadata, Mapping):
             shared_meta = metadata
         elif metadata is not None:
-            if isinstance(metadata, str | bytes):
-                raise ConfigError("metadata", metadata, "must be a mapping or a list of them")
-            meta_list = list(metadata)
-        obs = tuple(observers) if observers is not None else None
+            n = len(prompts) if isinstance(prompts, Sized) else None
+            meta_list = _metadata_list(metadata, n)
+        obs = _observers("observers", observers) if observers is not None else None
         it = iter(enumerate(prompts))
         queue: asyncio.Queue[tuple[int, BeaconResult] | None] = asyncio.Queue()
 
@@ -312,6 +354,7 @@ class BeaconSampler:
         metadata: Mapping[str, Any] | None,
         query_id: int | None,
     ) -> BeaconResult:
-        obs = self.observers + (tuple(observers) if observers is not None else ())
-        run = QueryRun(self._context(), prompt, obs, dict(metadata or {}), query_id)
+        obs = self.observers + _observers("observers", observers)
+        meta = dict(_metadata("metadata", metadata) or {})
+        run = QueryRun(self._context(), prompt, obs, meta, query_id)
         return await run.run()

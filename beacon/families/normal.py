@@ -23,6 +23,11 @@ Robust update (appendix "Robust Updating Formula"): once the predictive is prope
 reward below its ``robust_quantile`` quantile mu_k + sigma_k t_{2 alpha_k}^{-1}(q) updates
 (mu, beta) as if it were mu_k; z still tracks the true maximum.
 
+Range: rewards (after the config's transform) must satisfy |r| <= MAX_ABS_REWARD = 1e140, in
+the units of the rewards. Beyond it (r - mu)^2 and beta overflow and the decision would be taken
+on NaN; such a reward is a :class:`beacon.RewardError` asking to rescale (``fit_prior`` has the
+same limit).
+
 Speed: the update and the decision are closures built once per config (:meth:`NormalFamily.bind`),
 holding the Student-t quantiles per dof, the cost and (:func:`uip_decider`) a pure-Python copy
 of the table's spline lookup that returns the same bits as the numba ``h_lookup`` (checked in
@@ -36,7 +41,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from beacon.errors import ConfigError
+from beacon.errors import ConfigError, RewardError
 from beacon.families import register_family
 from beacon.families.base import BoundFamily, Decision, DecisionTuple, RewardFamily
 from beacon.priors import NIGPrior
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
     from beacon.index.table import HTable
 
 __all__ = [
+    "MAX_ABS_REWARD",
     "SIGMA_FLOOR",
     "NormalFamily",
     "NormalState",
@@ -55,6 +61,11 @@ __all__ = [
 ]
 
 SIGMA_FLOOR = 1e-6
+MAX_ABS_REWARD = 1e140
+_TOO_LARGE = (
+    f"|reward| above {MAX_ABS_REWARD:g} overflows the normal model's statistics; rescale the"
+    " rewards"
+)
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without the Python-level __new__ frame
 _exp, _log, _sqrt, _asinh, _floor = math.exp, math.log, math.sqrt, math.asinh, math.floor
@@ -191,6 +202,8 @@ def _make_update(robust: bool, q: float) -> Callable[[NormalState, float], tuple
 
     def update(s: NormalState, reward: float) -> tuple[Any, ...]:
         k, z, mu, nu, alpha, beta, k0, sigma = s
+        if not -MAX_ABS_REWARD <= reward <= MAX_ABS_REWARD:
+            raise RewardError(k, reward, _TOO_LARGE)
         r_model = reward
         if robust and k >= k0 and alpha > 0 and nu > 0:
             tq = t_quantile.get(alpha)
