@@ -140,4 +140,9 @@ def cost_from_price(
     c = ((per_token or 0.0) * tokens + extra) / value
     if c <= 0:
         raise ConfigError("price_per_token", price_per_token, "gives c = 0; c must be > 0")
+    if not math.isfinite(c):
+        # finite inputs whose product overflows (or a value so small that the division does)
+        raise ConfigError(
+            "value_per_reward_unit", value, f"gives c = {c} (overflow); c must be finite"
+        )
     return c

@@ -462,6 +462,9 @@ def test_cost_from_price_formula_and_units() -> None:
         cost_from_price(1e-5, 1000, 0.0)
     cfg = bern(cost=cost_from_price(2e-6, 800, 0.05))
     assert cfg.cost == pytest.approx(2e-6 * 800 / 0.05)
+    with pytest.raises(beacon.ConfigError, match="overflow") as exc:
+        cost_from_price(1e300, 1e300, 1e-300)  # each finite, the product is not
+    assert exc.value.field == "value_per_reward_unit"
 
 
 # -- protocol ---------------------------------------------------------------------------------
