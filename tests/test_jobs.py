@@ -18,6 +18,7 @@ import pytest
 import beacon
 from beacon.jobs import (
     DpoWriter,
+    FactoryCache,
     FactoryNotAllowedError,
     FactorySpec,
     JobInputError,
@@ -26,10 +27,13 @@ from beacon.jobs import (
     KeyedJsonlWriter,
     LineError,
     OutputError,
+    PromptExecutor,
     PromptRecord,
     arun_job,
     dpo_record,
     iter_prompt_file,
+    job_fingerprint,
+    normalize_allow_list,
     parse_allow_list,
     prompt_key,
     read_jsonl,
@@ -309,6 +313,123 @@ def test_bad_lines_and_disallowed_override_fail_alone(tmp_path: Path) -> None:
     assert rows[23]["error"]["type"] == "FactoryNotAllowedError"
     assert rows[23]["error"]["value"] == "os:system" and rows[23]["id"] == "evil"
     assert all(rows[i]["ok"] for i in range(1, 21))
+
+
+def test_str_allow_list_is_parsed_like_the_env_variable_never_per_character(
+    tmp_path: Path,
+) -> None:
+    # A str was iterated character by character: "x*" contained the entry "*" (every module).
+    spec = _spec()
+    for text in ("mycorp.factories", "mycorp.factories, other.", "x", ""):
+        assert normalize_allow_list(text) == parse_allow_list(text)
+        assert FactoryCache(text).allowed == parse_allow_list(text)
+        with pytest.raises(FactoryNotAllowedError):
+            FactorySpec("os:getcwd").check_allowed(text)
+    assert normalize_allow_list("mycorp.factories,*") == parse_allow_list("mycorp.factories,*")
+    bads: list[Any] = ["x*", "mycorp.*", "ok, bad module", ["x*"], [None], ("",), 5, b"x*"]
+    for bad in bads:
+        for check in (normalize_allow_list, FactoryCache,
+                      lambda a: PromptExecutor(spec, allowed=a),
+                      lambda a: FactorySpec("os:getcwd").check_allowed(a),
+                      lambda a: FactorySpec("os:getcwd").build(a)):
+            with pytest.raises(JobInputError) as e:
+                check(bad)
+            assert e.value.field == "allowed"
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(JobInputError) as e:
+        run_job([{"id": 1, "prompt": "q"}], spec, out, allowed="x*")
+    assert (e.value.field, e.value.value) == ("allowed", "x*") and not out.exists()
+    # Like BEACON_ALLOWED_FACTORIES, the defaults are included and prefixes are whole names.
+    recs = [{"id": 1, "prompt": "q"}, {"id": 2, "prompt": "q", "generator": "os:getcwd"}]
+    s = run_job(recs, spec, out, allowed="mycorp.factories")
+    rows = {r["id"]: r for r in read_jsonl(out)}
+    assert s.progress.done == 1 and rows[1]["ok"]
+    assert rows[2]["error"]["type"] == "FactoryNotAllowedError"
+
+
+def _bad_run_args(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
+    prompts = _write_prompts(tmp_path / "p.jsonl", 2)
+    out = tmp_path / "out.jsonl"
+    ok: dict[str, Any] = {"prompts": prompts, "spec": _spec(), "out": out}
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("call_concurrency", {"call_concurrency": 0}),
+        ("call_concurrency", {"call_concurrency": 2.0}),
+        ("concurrency", {"concurrency": 0}),
+        ("concurrency", {"concurrency": True}),
+        ("spec", {"spec": None}),
+        ("spec", {"spec": _spec().to_dict()}),
+        ("prompts", {"prompts": None}),
+        ("prompts", {"prompts": 5}),
+        ("prompts", {"prompts": b'{"id": 1, "prompt": "q"}'}),
+        ("prompts", {"prompts": {"id": 1, "prompt": "q"}}),
+        ("prompts", {"prompts": tmp_path / "missing.jsonl"}),
+        ("prompts", {"prompts": tmp_path}),
+        ("out", {"out": None}),
+        ("out", {"out": ""}),
+        ("out", {"out": tmp_path}),
+        ("out", {"out": prompts}),
+        ("dpo", {"dpo": out}),
+        ("dpo", {"dpo": 5}),
+        ("progress", {"progress": 5}),
+        ("retry_failed", {"retry_failed": "no"}),
+        ("fsync", {"fsync": None}),
+        ("executor", {"executor": object()}),
+        ("allowed", {"allowed": 5}),
+    ]
+    return [(field, {**ok, **kw}) for field, kw in cases]
+
+
+def test_run_job_rejects_bad_arguments_up_front_naming_them(tmp_path: Path) -> None:
+    for field, kw in _bad_run_args(tmp_path):
+        seen: list[JobProgress] = []
+        kw.setdefault("progress", seen.append)
+        value = kw[field]
+        with pytest.raises(beacon.ConfigError) as e:
+            run_job(kw.pop("prompts"), kw.pop("spec"), kw.pop("out"), **kw)
+        assert e.value.field == field, (field, e.value)
+        assert e.value.value is value or e.value.value == value
+        # Raised before anything ran: no output file, no progress report.
+        assert not (tmp_path / "out.jsonl").exists() and not seen
+    field, kw = _bad_run_args(tmp_path)[0]
+    with pytest.raises(beacon.ConfigError) as e:
+        asyncio.run(arun_job(kw.pop("prompts"), kw.pop("spec"), kw.pop("out"), **kw))
+    assert e.value.field == field
+
+
+def test_job_helpers_reject_bad_arguments_naming_them(tmp_path: Path) -> None:
+    spec = _spec()
+    rec = PromptRecord(1, "q")
+    for call, field in (
+        (lambda: PromptExecutor(spec, allowed=None, call_concurrency=0), "call_concurrency"),
+        (lambda: PromptExecutor(None, allowed=None), "spec"),  # type: ignore[arg-type]
+        (lambda: KeyedJsonlWriter(None), "path"),  # type: ignore[arg-type]
+        (lambda: DpoWriter(None), "path"),  # type: ignore[arg-type]
+        (lambda: DpoWriter(tmp_path / "d.jsonl", fsync="yes"), "fsync"),  # type: ignore[arg-type]
+        (lambda: prompt_key(rec, None), "spec"),  # type: ignore[arg-type]
+        (lambda: prompt_key({"id": 1, "prompt": "q"}, spec), "record"),  # type: ignore[arg-type]
+        (lambda: job_fingerprint(None, "abc"), "spec"),  # type: ignore[arg-type]
+        (lambda: job_fingerprint(spec, None), "input_digest"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(beacon.ConfigError) as e:
+            call()
+        assert e.value.field == field
+    assert not list(tmp_path.iterdir())
+
+
+def test_numpy_integers_count_as_integers_and_are_stored_as_plain_ints(tmp_path: Path) -> None:
+    np = __import__("numpy")
+    rec = PromptRecord(np.int64(7), "q")
+    assert type(rec.id) is int and rec == PromptRecord(7, "q")
+    assert prompt_key(rec, _spec()) == prompt_key(PromptRecord(7, "q"), _spec())
+    ex = PromptExecutor(_spec(), allowed=None, call_concurrency=np.int32(3))
+    assert type(ex.call_concurrency) is int and ex.call_concurrency == 3
+    out = tmp_path / "out.jsonl"
+    s = run_job([{"id": np.int64(7), "prompt": "q"}, PromptRecord(np.int16(8), "r")], _spec(),
+                out, concurrency=np.int64(2), call_concurrency=np.uint8(4))
+    rows = list(read_jsonl(out))
+    assert s.exit_code == 0 and sorted(r["id"] for r in rows) == [7, 8]
+    assert {r["key"] for r in rows} == {prompt_key(PromptRecord(i, p), _spec())
+                                       for i, p in ((7, "q"), (8, "r"))}
 
 
 def test_interrupted_run_resumes_to_the_same_output(tmp_path: Path) -> None:

@@ -167,6 +167,42 @@ def test_settings_and_celery_config(tier: SimpleNamespace) -> None:
     assert run_prompt.retry_backoff and run_prompt.retry_jitter
 
 
+def test_submit_checks_every_argument_before_creating_the_job(tier: SimpleNamespace) -> None:
+    from beacon.jobs import JobInputError, PromptRecord
+    from worker.state import UnknownJobError
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    recs = [PromptRecord("a", "hello", line=1)]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"items": None}, "items"),
+        ({"items": "hello"}, "items"),
+        ({"items": {"a": "hello"}}, "items"),
+        ({"spec": None}, "spec"),
+        ({"spec": spec.to_dict()}, "spec"),
+        ({"job_id": ""}, "job_id"),
+        ({"job_id": 5}, "job_id"),
+        ({"chunk": 0}, "chunk"),
+        ({"retry_failed": "yes"}, "retry_failed"),
+        ({"queue": ""}, "queue"),
+        ({"source": None}, "source"),
+        ({"store": "redis://"}, "store"),
+    ]
+    for i, (bad, field) in enumerate(cases):
+        job_id = f"{PREFIX}-badargs-{i}"
+        kwargs: dict[str, Any] = {"items": recs, "spec": spec, "job_id": job_id,
+                                  "store": tier.store, **bad}
+        with pytest.raises(JobInputError) as e:
+            tier.submit(kwargs.pop("items"), kwargs.pop("spec"), **kwargs)
+        assert e.value.field == field
+        with pytest.raises(UnknownJobError):
+            tier.store.meta(job_id)  # nothing was registered
+    with pytest.raises(JobInputError) as e:
+        tier.submit([recs[0], "not a record"], spec, job_id=f"{PREFIX}-badargs-item",
+                    store=tier.store, queue=f"{PREFIX}-nobody-listens")
+    assert e.value.field == "items[1]"
+
+
 # -- a few hundred prompts, the fitted config travels, bad lines fail alone --
 def test_worker_job_matches_in_process_run(tier: SimpleNamespace, tmp_path: Path) -> None:
     from typer.testing import CliRunner

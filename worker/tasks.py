@@ -36,7 +36,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +44,7 @@ import redis
 from celery import group, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
+from beacon._checks import is_integer
 from beacon.events import BeaconEvent, SampleEvent
 from beacon.jobs.execute import (
     FactoryCache,
@@ -369,6 +370,30 @@ class SubmitResult:
                 "already": self.already, "bad_lines": self.bad_lines}
 
 
+def _check_submit_args(
+    items: Any, spec: Any, job_id: Any, input_digest: Any, source: Any, retry_failed: Any,
+    chunk: Any, store: Any, queue: Any,
+) -> None:
+    """Every argument of :func:`submit_job`, checked before the job record is created."""
+    if not isinstance(spec, JobSpec):
+        raise JobInputError("spec", spec, "must be a beacon.jobs.JobSpec")
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise JobInputError(
+            "items", items, "must be an iterable of PromptRecord / LineError (e.g. read_prompts)"
+        )
+    for name, v in (("job_id", job_id), ("input_digest", input_digest), ("queue", queue)):
+        if v is not None and not (isinstance(v, str) and v):
+            raise JobInputError(name, v, "must be a non-empty string or None")
+    if not isinstance(source, str):
+        raise JobInputError("source", source, "must be a string")
+    if not isinstance(retry_failed, bool):
+        raise JobInputError("retry_failed", retry_failed, "must be True or False")
+    if not is_integer(chunk) or chunk < 1:
+        raise JobInputError("chunk", chunk, "must be an integer >= 1")
+    if store is not None and not isinstance(store, JobStore):
+        raise JobInputError("store", store, "must be a worker.state.JobStore or None")
+
+
 def submit_job(
     items: Iterable[PromptRecord | LineError],
     spec: JobSpec,
@@ -387,6 +412,8 @@ def submit_job(
     sends only prompts without an outcome yet (and failed ones when ``retry_failed``): use it to
     resume after a broker was lost. Bad input lines are stored as errors right away.
     """
+    _check_submit_args(items, spec, job_id, input_digest, source, retry_failed, chunk, store,
+                       queue)
     if job_id is None:
         if input_digest is None:
             raise JobInputError("job_id", None, "give a job id or the input's digest")
@@ -416,7 +443,9 @@ def submit_job(
         batch.clear()
 
     seen: set[str] = set()
-    for item in items:
+    for i, item in enumerate(items):
+        if not isinstance(item, PromptRecord | LineError):
+            raise JobInputError(f"items[{i}]", item, "must be a PromptRecord or a LineError")
         if isinstance(item, LineError):
             k = line_error_key(item.raw, spec)
             if k not in seen:

@@ -24,6 +24,7 @@ from beacon.jobs.spec import (
     LineError,
     PromptRecord,
     iter_prompt_file,
+    normalize_allow_list,
     parse_allow_list,
 )
 from beacon.jobs.warm_start import WarmStart, WarmStarter
@@ -51,6 +52,7 @@ __all__ = [
     "iter_prompt_file",
     "job_fingerprint",
     "line_error_key",
+    "normalize_allow_list",
     "parse_allow_list",
     "prompt_key",
     "read_jsonl",

@@ -15,18 +15,26 @@ import inspect
 import logging
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from beacon._checks import is_integer
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine import BeaconSampler
 from beacon.errors import ConfigError
 from beacon.events import BeaconEvent, Observer
 from beacon.jobs.dpo import dpo_record
-from beacon.jobs.spec import FactorySpec, JobInputError, JobSpec, LineError, PromptRecord
+from beacon.jobs.spec import (
+    FactorySpec,
+    JobInputError,
+    JobSpec,
+    LineError,
+    PromptRecord,
+    normalize_allow_list,
+)
 from beacon.result import BeaconResult
 from beacon.retry import RetryPolicy
 from beacon.stopper import Draw, Stopper
@@ -146,9 +154,12 @@ def prepare_config(cfg: BeaconConfig) -> None:
 class FactoryCache:
     """Built generators/scorers, keyed by their spec; LRU-bounded; closed with :meth:`aclose`."""
 
-    def __init__(self, allowed: Sequence[str] | None, *, max_size: int = 32) -> None:
-        self.allowed = None if allowed is None else tuple(allowed)
-        self.max_size = max_size
+    def __init__(self, allowed: str | Iterable[str] | None, *, max_size: int = 32) -> None:
+        # A string is parsed like BEACON_ALLOWED_FACTORIES, never iterated per character.
+        self.allowed = normalize_allow_list(allowed)
+        if not is_integer(max_size) or max_size < 1:
+            raise ConfigError("max_size", max_size, "must be an integer >= 1")
+        self.max_size = int(max_size)
         self._objs: OrderedDict[str, Any] = OrderedDict()
 
     def get(self, spec: FactorySpec, role: str) -> Any:
@@ -218,17 +229,22 @@ class PromptExecutor:
         self,
         spec: JobSpec,
         *,
-        allowed: Sequence[str] | None,
+        allowed: str | Iterable[str] | None,
         call_concurrency: int = 64,
         cache: FactoryCache | None = None,
         observers: Sequence[Observer] = (),
     ) -> None:
-        if isinstance(call_concurrency, bool) or not isinstance(call_concurrency, int) \
-                or call_concurrency < 1:
-            raise ConfigError("concurrency", call_concurrency, "must be an integer >= 1")
+        if not isinstance(spec, JobSpec):
+            raise JobInputError("spec", spec, "must be a JobSpec (JobSpec.from_dict reads a "
+                                              "JSON object)")
+        if not is_integer(call_concurrency) or call_concurrency < 1:
+            raise ConfigError("call_concurrency", call_concurrency, "must be an integer >= 1")
+        if cache is not None and not isinstance(cache, FactoryCache):
+            raise ConfigError("cache", cache, "must be a FactoryCache or None")
+        allowed = normalize_allow_list(allowed)
         self.spec = spec
         self.cache = cache if cache is not None else FactoryCache(allowed)
-        self.call_concurrency = call_concurrency
+        self.call_concurrency = int(call_concurrency)
         self.observers = tuple(observers)
         s = spec.sampling
         self.retry = RetryPolicy(max_attempts=int(s.get("max_attempts", 3)))

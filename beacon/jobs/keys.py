@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from beacon.jobs.spec import JobSpec, PromptRecord, canonical_json
+from beacon.jobs.spec import JobInputError, JobSpec, PromptRecord, canonical_json
 
 __all__ = ["KEY_VERSION", "job_fingerprint", "line_error_key", "prompt_key"]
 
@@ -27,6 +27,9 @@ def _digest(payload: dict[str, Any]) -> str:
 
 
 def _spec_part(spec: JobSpec, record: PromptRecord | None) -> dict[str, Any]:
+    if not isinstance(spec, JobSpec):
+        raise JobInputError("spec", spec, "must be a JobSpec (JobSpec.from_dict reads a "
+                                          "JSON object)")
     gen = spec.generator if record is None else spec.generator_for(record)
     sco = spec.scorer if record is None else spec.scorer_for(record)
     return {
@@ -39,6 +42,9 @@ def _spec_part(spec: JobSpec, record: PromptRecord | None) -> dict[str, Any]:
 
 def prompt_key(record: PromptRecord, spec: JobSpec) -> str:
     """The idempotency key of running ``record`` under ``spec`` (effective factories)."""
+    if not isinstance(record, PromptRecord):
+        raise JobInputError("record", record, "must be a PromptRecord "
+                                              "(PromptRecord.from_dict reads a dict)")
     rec = record.to_dict()
     # Overrides are already folded into the effective generator/scorer below.
     rec.pop("generator", None)
@@ -48,9 +54,13 @@ def prompt_key(record: PromptRecord, spec: JobSpec) -> str:
 
 def line_error_key(raw_line: str, spec: JobSpec) -> str:
     """Key of an input line that did not parse: the same bad line is reported once."""
+    if not isinstance(raw_line, str):
+        raise JobInputError("raw_line", raw_line, "must be the input line as a string")
     return _digest({"v": KEY_VERSION, "bad_line": raw_line, **_spec_part(spec, None)})
 
 
 def job_fingerprint(spec: JobSpec, input_digest: str) -> str:
     """A job id derived from the spec and the input's content hash (resubmission = same id)."""
+    if not isinstance(input_digest, str) or not input_digest:
+        raise JobInputError("input_digest", input_digest, "must be a non-empty string")
     return _digest({"v": KEY_VERSION, "input": input_digest, **_spec_part(spec, None)})[:16]

@@ -24,9 +24,13 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from os import PathLike, fspath
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from beacon._checks import is_integer
 from beacon._sync import run_sync
 from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
@@ -39,6 +43,7 @@ from beacon.jobs.spec import (
     LineError,
     PromptRecord,
     iter_prompt_file,
+    normalize_allow_list,
 )
 from beacon.jobs.warm_start import WarmStart, WarmStarter, seed_rewards
 
@@ -113,9 +118,11 @@ def iter_records(
     prompts: str | Path | Iterable[PromptRecord | LineError | Mapping[str, Any]],
 ) -> Iterator[PromptRecord | LineError]:
     """Records from a JSONL path, or from records / dicts (a bad dict becomes a LineError)."""
-    if isinstance(prompts, str | Path):
-        yield from iter_prompt_file(prompts)
+    path = _check_prompts(prompts)
+    if path is not None:
+        yield from iter_prompt_file(path)
         return
+    assert not isinstance(prompts, str | Path)
     for n, item in enumerate(prompts, start=1):
         if isinstance(item, PromptRecord | LineError):
             yield item
@@ -126,6 +133,53 @@ def iter_records(
             yield LineError(n, repr(item)[:2000], exc)
 
 
+_PROMPTS_REASON = ("must be a JSONL path or an iterable of PromptRecord / dict records "
+                   "(a list, a generator)")
+
+
+def _check_path(name: str, value: Any) -> Path:
+    if not isinstance(value, str | PathLike):
+        raise JobInputError(name, value, "must be a file path (str or os.PathLike)")
+    raw = fspath(value)
+    if not isinstance(raw, str) or not raw.strip():
+        raise JobInputError(name, value, "must be a non-empty str path")
+    path = Path(raw)
+    if path.is_dir():
+        raise JobInputError(name, value, "is a directory; give a JSONL file path")
+    return path
+
+
+def _check_int(name: str, value: Any) -> int:
+    if not is_integer(value) or value < 1:
+        raise ConfigError(name, value, "must be an integer >= 1")
+    return int(value)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ConfigError(name, value, "must be True or False")
+    return bool(value)
+
+
+def _check_prompts(prompts: Any) -> Path | None:
+    """The prompts path (None for an iterable of records); raises for anything else."""
+    if isinstance(prompts, str | PathLike):
+        path = _check_path("prompts", prompts)
+        if not path.is_file():
+            raise JobInputError("prompts", prompts, "no such file")
+        return path
+    if isinstance(prompts, bytes | bytearray | Mapping | PromptRecord) \
+            or not isinstance(prompts, Iterable):
+        hint = " (wrap a single record in a list)" if isinstance(
+            prompts, Mapping | PromptRecord) else ""
+        raise JobInputError("prompts", prompts, _PROMPTS_REASON + hint)
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
 async def arun_job(
     prompts: str | Path | Iterable[PromptRecord | LineError | Mapping[str, Any]],
     spec: JobSpec,
@@ -134,7 +188,7 @@ async def arun_job(
     dpo: str | Path | None = None,
     concurrency: int = 16,
     call_concurrency: int = 64,
-    allowed: Sequence[str] | None = None,
+    allowed: str | Iterable[str] | None = None,
     progress: Callable[[JobProgress], None] | None = None,
     retry_failed: bool = True,
     fsync: bool = True,
@@ -150,20 +204,44 @@ async def arun_job(
         concurrency: prompts in progress at once (each runs BEACON's sequential or batched loop).
         call_concurrency: model and scorer calls in flight at once, over all prompts.
         allowed: factory module prefixes that may be imported; ``None`` allows any (local code).
+            A string is parsed like ``BEACON_ALLOWED_FACTORIES`` (comma-separated, the defaults
+            included, ``*`` = every module); a list or tuple is taken as is.
         progress: called with a :class:`JobProgress` after every prompt (on the event loop).
         retry_failed: rerun prompts whose earlier line says ``ok: false``.
         fsync: sync each line to disk (see :class:`KeyedJsonlWriter`).
         warm_start: refit the prior from this job's finished prompts as it runs
             (:class:`~beacon.jobs.warm_start.WarmStart`); ``None`` keeps ``spec.config``.
     """
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigError("concurrency", concurrency, "must be an integer >= 1")
+    # Every argument is checked here, before a file is opened or a model is called.
+    if not isinstance(spec, JobSpec):
+        raise JobInputError("spec", spec, "must be a JobSpec (JobSpec.from_dict reads a "
+                                          "JSON object)")
+    prompts_path = _check_prompts(prompts)
+    out_path = _check_path("out", out)
+    dpo_path = None if dpo is None else _check_path("dpo", dpo)
+    if dpo_path is not None and _same_file(dpo_path, out_path):
+        raise JobInputError("dpo", dpo, "must be a different file from out")
+    if prompts_path is not None:
+        for name, value, path in (("out", out, out_path), ("dpo", dpo, dpo_path)):
+            if path is not None and _same_file(path, prompts_path):
+                raise JobInputError(name, value, "must be a different file from prompts")
+    out, dpo = out_path, dpo_path
+    concurrency = _check_int("concurrency", concurrency)
+    call_concurrency = _check_int("call_concurrency", call_concurrency)
+    allowed = normalize_allow_list(allowed)
+    if progress is not None and not callable(progress):
+        raise ConfigError("progress", progress, "must be a callable taking a JobProgress, "
+                                                "or None")
+    retry_failed = _check_bool("retry_failed", retry_failed)
+    fsync = _check_bool("fsync", fsync)
+    if executor is not None and not isinstance(executor, PromptExecutor):
+        raise ConfigError("executor", executor, "must be a PromptExecutor or None")
     if warm_start is not None and not isinstance(warm_start, WarmStart):
         raise ConfigError("warm_start", warm_start, "must be a WarmStart or None")
     starter = WarmStarter(warm_start, spec.config) if warm_start is not None else None
     refitting: asyncio.Task[None] | None = None
     t0 = time.perf_counter()
-    total = count_prompt_lines(prompts) if isinstance(prompts, str | Path) else None
+    total = count_prompt_lines(prompts_path) if prompts_path is not None else None
     if total is None and isinstance(prompts, Sequence):
         total = len(prompts)
     own_executor = executor is None
@@ -254,7 +332,7 @@ async def arun_job(
                 slots.release()
                 report(in_flight=len(in_flight))
 
-        for item in iter_records(prompts):
+        for item in iter_records(prompts if prompts_path is None else prompts_path):
             if fatal:
                 break
             if isinstance(item, LineError):
@@ -324,5 +402,8 @@ def run_job(
     out: str | Path,
     **kwargs: Any,
 ) -> JobSummary:
-    """Synchronous :func:`arun_job` (works inside a running event loop, e.g. Jupyter)."""
+    """Synchronous :func:`arun_job` (works inside a running event loop, e.g. Jupyter).
+
+    Bad arguments raise :class:`~beacon.ConfigError` / :class:`JobInputError` naming the
+    argument, before any file is opened or any model is called."""
     return run_sync(arun_job(prompts, spec, out, **kwargs))

@@ -20,7 +20,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from beacon.errors import BeaconError
+import numpy as np
+
+from beacon.errors import BeaconError, ConfigError
 
 __all__ = ["KeyedJsonlWriter", "OutputError", "dumps_record", "read_jsonl"]
 
@@ -75,9 +77,16 @@ class KeyedJsonlWriter:
     """
 
     def __init__(self, path: str | Path, *, key_field: str = "key", fsync: bool = True) -> None:
+        if not isinstance(path, str | os.PathLike) or not isinstance(os.fspath(path), str) \
+                or not os.fspath(path).strip():
+            raise ConfigError("path", path, "must be a non-empty file path (str or os.PathLike)")
+        if not isinstance(key_field, str) or not key_field:
+            raise ConfigError("key_field", key_field, "must be a non-empty string")
+        if not isinstance(fsync, bool | np.bool_):
+            raise ConfigError("fsync", fsync, "must be True or False")
         self.path = Path(path)
         self.key_field = key_field
-        self.fsync = fsync
+        self.fsync = bool(fsync)
         self._keys: set[str] = set()
         self._fd: int | None = None
         self.recovered_bytes = 0  # size of the torn tail cut off on open

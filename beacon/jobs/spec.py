@@ -16,7 +16,8 @@ Allow-list
     Importing a module runs its code, so a worker imports only modules whose dotted name equals
     one of the allowed prefixes or starts with ``prefix + "."``; the factory attribute must be a
     public top-level name defined in such a module (a re-exported ``os.system`` is refused). The
-    check happens before the import.
+    check happens before the import. An ``allowed`` argument given as a string is parsed like the
+    environment variable (:func:`normalize_allow_list`), never iterated character by character.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import importlib
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "is_allowed",
     "iter_prompt_file",
     "iter_prompt_lines",
+    "normalize_allow_list",
     "parse_allow_list",
     "parse_prompt_line",
 ]
@@ -104,30 +106,78 @@ def _check_json(field: str, value: Any) -> None:
 
 
 # -- allow-list ------------------------------------------------------------------------------
-def parse_allow_list(text: str | None, *, include_defaults: bool = True) -> tuple[str, ...]:
+_ALLOW_REASON = ("each entry must be a dotted module prefix (submodules included) or '*' "
+                 "(every module)")
+
+
+def parse_allow_list(
+    text: str | None,
+    *,
+    include_defaults: bool = True,
+    name: str = "BEACON_ALLOWED_FACTORIES",
+) -> tuple[str, ...]:
     """Comma-separated module prefixes (``BEACON_ALLOWED_FACTORIES``) -> normalized tuple.
 
     ``*`` allows every module (only for single-tenant, trusted brokers). The defaults
     (:data:`DEFAULT_ALLOWED_FACTORIES`) are included unless ``include_defaults`` is False.
+    ``name`` is the setting named in the :class:`~beacon.ConfigError` of a bad entry.
     """
+    if text is not None and not isinstance(text, str):
+        raise ConfigError(name, text, "must be a comma-separated string of module prefixes")
     out: list[str] = list(DEFAULT_ALLOWED_FACTORIES) if include_defaults else []
     for raw in (text or "").split(","):
         p = raw.strip().rstrip(".")
         if not p:
             continue
         if p != "*" and not re.fullmatch(_DOTTED, p):
-            raise ConfigError("BEACON_ALLOWED_FACTORIES", raw.strip(),
-                              "each entry must be a dotted module prefix or '*'")
+            raise ConfigError(name, raw.strip(), _ALLOW_REASON)
         if p not in out:
             out.append(p)
     return tuple(out)
 
 
-def is_allowed(module: str, allowed: Sequence[str] | None) -> bool:
-    """True if ``module`` is one of ``allowed`` or a submodule of one (``None``: allow all)."""
+def normalize_allow_list(
+    allowed: str | Iterable[str] | None, *, name: str = "allowed"
+) -> tuple[str, ...] | None:
+    """An ``allowed`` argument -> a tuple of module prefixes, or None (allow every module).
+
+    A ``str`` is parsed exactly like ``BEACON_ALLOWED_FACTORIES`` (:func:`parse_allow_list`:
+    comma-separated, the defaults included) -- never iterated character by character, where a
+    stray ``*`` would allow every module. Any other iterable must hold prefix strings (or
+    ``"*"``) and is taken as is, without the defaults. Raises :class:`JobInputError` naming
+    ``name`` for anything else.
+    """
     if allowed is None:
+        return None
+    if isinstance(allowed, str):
+        try:
+            return parse_allow_list(allowed, name=name)
+        except ConfigError as exc:
+            raise JobInputError(name, exc.value, exc.reason) from None
+    if isinstance(allowed, bytes | bytearray | Mapping) or not isinstance(allowed, Iterable):
+        raise JobInputError(name, allowed, "must be None (allow every module), a "
+                                           "comma-separated string or a list of module prefixes")
+    out: list[str] = []
+    for entry in list(allowed):
+        if not isinstance(entry, str):
+            raise JobInputError(name, entry, "entries must be strings: " + _ALLOW_REASON)
+        p = entry.strip().rstrip(".")
+        if p != "*" and not re.fullmatch(_DOTTED, p):
+            raise JobInputError(name, entry, _ALLOW_REASON)
+        if p not in out:
+            out.append(p)
+    return tuple(out)
+
+
+def is_allowed(module: str, allowed: str | Iterable[str] | None) -> bool:
+    """True if ``module`` is one of ``allowed`` or a submodule of one (``None``: allow all).
+
+    ``allowed`` is read by :func:`normalize_allow_list` (a string like the environment variable).
+    """
+    prefixes = normalize_allow_list(allowed)
+    if prefixes is None:
         return True
-    return any(p == "*" or module == p or module.startswith(p + ".") for p in allowed)
+    return any(p == "*" or module == p or module.startswith(p + ".") for p in prefixes)
 
 
 # -- factories -------------------------------------------------------------------------------
@@ -188,18 +238,24 @@ class FactorySpec:
         except JobInputError as exc:
             raise JobInputError(f"{field_name}.{exc.field}", exc.value, exc.reason) from None
 
-    def check_allowed(self, allowed: Sequence[str] | None, *, role: str = "factory") -> None:
-        """Raise :class:`FactoryNotAllowedError` unless the module is allowed (no import)."""
-        if not is_allowed(self.module, allowed):
-            shown = ", ".join(allowed or ()) or "(empty)"
+    def check_allowed(
+        self, allowed: str | Iterable[str] | None, *, role: str = "factory"
+    ) -> None:
+        """Raise :class:`FactoryNotAllowedError` unless the module is allowed (no import).
+
+        ``allowed``: see :func:`normalize_allow_list` (a string is parsed, never iterated)."""
+        prefixes = normalize_allow_list(allowed)
+        if not is_allowed(self.module, prefixes):
+            shown = ", ".join(prefixes or ()) or "(empty)"
             raise FactoryNotAllowedError(
                 role, self.factory,
                 f"module {self.module!r} is not in this runner's allow-list [{shown}]; "
                 "add its prefix to BEACON_ALLOWED_FACTORIES on the worker",
             )
 
-    def build(self, allowed: Sequence[str] | None, *, role: str = "factory") -> Any:
+    def build(self, allowed: str | Iterable[str] | None, *, role: str = "factory") -> Any:
         """Check the allow-list, import the module, call ``factory(**kwargs)``."""
+        allowed = normalize_allow_list(allowed)
         self.check_allowed(allowed, role=role)
         try:
             mod = importlib.import_module(self.module)
@@ -249,10 +305,13 @@ class PromptRecord:
 
     def __post_init__(self) -> None:
         line = self.line
-        if isinstance(self.id, bool) or not isinstance(self.id, str | int):
+        if not (isinstance(self.id, str) or is_integer(self.id)):
             raise JobInputError("id", self.id, "must be a string or an integer", line=line)
         if isinstance(self.id, str) and not self.id:
             raise JobInputError("id", self.id, "must not be empty", line=line)
+        # plain int / str (a numpy integer id is the same id): the record travels as JSON
+        object.__setattr__(self, "id", str(self.id) if isinstance(self.id, str)
+                           else int(self.id))
         p = self.prompt
         if isinstance(p, str):
             if not p.strip():
