@@ -17,14 +17,15 @@ called with, and the framework context of this one query. ``BeaconResult.prompt`
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from beacon.engine.protocol import Generation, coerce_generation, is_batched
-from beacon.errors import BeaconError, RewardError
+from beacon.errors import BeaconError, ConfigError, RewardError
 from beacon.result import BeaconResult
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "li_generate_llm",
     "li_score",
     "to_reward",
+    "to_rewards",
 ]
 
 
@@ -87,6 +89,32 @@ def to_reward(value: Any, position: Any = None) -> float:
     return x
 
 
+def to_rewards(values: Any, n: int) -> list[float]:
+    """A batched scorer's output as ``n`` rewards (one per response, in order).
+
+    Accepts what the engine accepts (``beacon.engine.protocol``): a list or tuple, a numpy
+    array or any other iterable (a generator), each element coerced by :func:`to_reward`. A
+    string, a mapping (its keys are not rewards), a set (no order) or ``None`` is a
+    ``TypeError``; a wrong count
+    a ``ValueError``.
+    """
+    if isinstance(values, str | bytes | Mapping | Set) or not isinstance(values, Iterable):
+        raise TypeError(
+            f"batched scorer must return a sequence of {n} rewards, one per response "
+            f"(list, tuple, numpy array or iterable); got {type(values).__name__}"
+        )
+    try:
+        vals = list(values)
+    except TypeError as exc:  # e.g. a 0-d numpy array
+        raise TypeError(
+            f"batched scorer must return a sequence of {n} rewards, one per response; "
+            f"got {type(values).__name__} ({exc})"
+        ) from exc
+    if len(vals) != n:
+        raise ValueError(f"batched scorer returned {len(vals)} rewards for {n} responses")
+    return [to_reward(v, i) for i, v in enumerate(vals)]
+
+
 async def _maybe_await(v: Any) -> Any:
     return await v if inspect.isawaitable(v) else v
 
@@ -111,25 +139,106 @@ class LCQuery:
         return self.text
 
 
-def lc_prompt_text(value: Any) -> str:
-    """The scorer's view of a LangChain input: the question as plain text.
+_INPUT_KINDS = (
+    "a string, a PromptValue, a list of messages, or a dict of prompt variables "
+    "(for a model that starts with a prompt template)"
+)
 
-    A string is itself. A ``PromptValue`` or a message list yields the text of its last human
-    message (what a reward model compares the answer with); without any human message, the
-    whole conversation as ``get_buffer_string`` renders it.
+
+def _head(model: Any) -> Any:
+    """The runnable a model's input goes to first.
+
+    Looks through ``RunnableSequence`` heads (``prompt | chat`` starts with ``prompt``) and
+    bindings (``bind``, ``with_retry``, ``with_config``...).
     """
-    from langchain_core.messages import HumanMessage, convert_to_messages, get_buffer_string
-    from langchain_core.prompt_values import PromptValue
+    from langchain_core.runnables import RunnableSequence
+    from langchain_core.runnables.base import RunnableBindingBase
 
-    if isinstance(value, str):
-        return value
-    messages = (
-        value.to_messages() if isinstance(value, PromptValue) else convert_to_messages(value)
-    )
+    seen: set[int] = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        if isinstance(model, RunnableSequence):
+            model = model.first
+        elif isinstance(model, RunnableBindingBase):
+            model = model.bound
+        else:
+            break
+    return model
+
+
+def _message_text(messages: Sequence[Any]) -> str:
+    from langchain_core.messages import HumanMessage, get_buffer_string
+
     for m in reversed(messages):
         if isinstance(m, HumanMessage):
             return m.text
-    return get_buffer_string(messages)
+    return get_buffer_string(list(messages))
+
+
+def lc_prompt_text(value: Any, model: Any = None) -> str:
+    """The scorer's view of a LangChain input: the question as plain text.
+
+    When ``model`` starts with a prompt template (``prompt | chat``), the input is rendered by
+    that template first (a dict of its variables, or a single value for a one-variable
+    template) and the scorer sees the last human message of the rendered prompt -- what the
+    chat model is asked. Otherwise: a string is itself; a ``PromptValue`` or a message list
+    yields the text of its last human message (what a reward model compares the answer with),
+    or without any human message the whole conversation as ``get_buffer_string`` renders it; a
+    dict is rendered as JSON with sorted keys.
+
+    Raises ``TypeError`` naming ``input`` for any other input (``None``, a number...), and
+    :class:`beacon.ConfigError` when a dict does not fill the model's prompt template.
+    """
+    from langchain_core.language_models import BaseLanguageModel
+    from langchain_core.messages import convert_to_messages
+    from langchain_core.prompt_values import PromptValue
+    from langchain_core.prompts import BasePromptTemplate
+
+    head = _head(model)
+    template = head if isinstance(head, BasePromptTemplate) else None
+    if template is not None and not isinstance(value, PromptValue):
+        variables = list(template.input_variables)
+        if isinstance(value, Mapping):
+            kwargs = dict(value)
+        elif len(variables) == 1:
+            kwargs = {variables[0]: value}
+        else:
+            raise TypeError(
+                f"input must be a dict of the prompt variables {sorted(variables)} of the "
+                f"model's prompt template; got {type(value).__name__}"
+            )
+        try:
+            rendered = template.format_prompt(**kwargs)
+        except Exception as exc:
+            raise ConfigError(
+                "input", value, f"does not fill the model's prompt template: {exc}"
+            ) from exc
+        return _message_text(rendered.to_messages())
+    if isinstance(value, str):
+        return value
+    if isinstance(value, PromptValue):
+        return _message_text(value.to_messages())
+    if isinstance(value, Mapping):
+        if isinstance(head, BaseLanguageModel):
+            raise TypeError(
+                f"input must be a string, a PromptValue or a list of messages for the chat "
+                f"model/LLM {type(head).__name__}; got a {type(value).__name__} (put a prompt "
+                "template in front of the model to fill its variables: prompt | model)"
+            )
+        try:
+            return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+        except (TypeError, ValueError) as exc:  # keys of mixed types cannot be sorted
+            raise ConfigError("input", value, f"cannot be rendered as JSON: {exc}") from exc
+    if isinstance(value, bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"input must be {_INPUT_KINDS}; got {type(value).__name__}")
+    try:
+        messages = convert_to_messages(value)
+    except Exception as exc:  # NotImplementedError / ValueError for a non-message item
+        raise TypeError(
+            f"input must be {_INPUT_KINDS}; got a {type(value).__name__} that is not a list "
+            f"of messages ({exc})"
+        ) from exc
+    return _message_text(messages)
 
 
 def lc_generate(
@@ -196,11 +305,7 @@ class _LCScore:
             out = await self.runnable.ainvoke(
                 {"prompt": query.text, "responses": list(response)}, config=query.config
             )
-            if isinstance(out, str | bytes) or not isinstance(out, Sequence):
-                raise TypeError(
-                    f"batched scorer must return a list of rewards, got {type(out).__name__}"
-                )
-            return [to_reward(v, i) for i, v in enumerate(out)]
+            return to_rewards(out, len(response))
         out = await self.runnable.ainvoke(
             {"prompt": query.text, "response": response}, config=query.config
         )
@@ -284,7 +389,7 @@ class _LIScore:
             return to_reward(res.score)
         out = await _maybe_await(self.scorer(query.text, response))
         if self.batched:
-            return [to_reward(v, i) for i, v in enumerate(out)]
+            return to_rewards(out, len(response))
         return to_reward(out)
 
 

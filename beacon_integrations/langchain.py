@@ -50,6 +50,7 @@ from langchain_core.runnables.retry import RunnableRetry
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator
 
+from beacon._checks import is_integer, is_real
 from beacon._sync import run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
@@ -94,6 +95,13 @@ class BeaconChunk(BaseModel):
     n_samples: int | None = None
     stop_reason: str | None = None
     output: Any = None
+
+
+def _max_concurrency(name: str, v: Any) -> int:
+    """An integer >= 1 (numpy integers too, as the engine accepts), stored as ``int``."""
+    if not is_integer(v) or v < 1:
+        raise ConfigError(name, v, "must be an integer >= 1")
+    return int(v)
 
 
 def _summary(res: BeaconResult) -> dict[str, Any]:
@@ -199,7 +207,10 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
             scorer, or a runnable taking ``{"prompt": str, "response": str}`` and returning a
             number (a numeric string or a message with numeric content also works). The prompt
             it sees is the text of the last human message of the input (the input itself if a
-            string).
+            string); when ``model`` starts with a prompt template (``prompt | chat``), of the
+            prompt that template renders from the input; a dict input to any other model is
+            shown as JSON with sorted keys. Other inputs (``None``, numbers) are a
+            ``TypeError``.
         config: the :class:`beacon.BeaconConfig` (cost c, horizon n, family, batch size,
             prior, transform); a dict from ``BeaconConfig.to_dict()`` is accepted, and
             LangChain serialization (``dumpd``) writes it as that dict.
@@ -207,12 +218,14 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
             best ``AIMessage``.
         rate_limiter: LangChain rate limiter acquired before every model call (each retry
             included), in addition to the model's own ``rate_limiter``.
-        max_concurrency: model calls in flight at once for one invoke/batch (default 16);
-            ``config["max_concurrency"]`` of a call overrides it.
+        max_concurrency: model calls in flight at once for one invoke/batch (default 16; numpy
+            integers accepted); ``config["max_concurrency"]`` of a call (an integer >= 1)
+            overrides it, ``None`` there keeps this field.
         retry: the engine's per-call retry policy. ``None``: no engine retries when the model
             is already a ``with_retry`` runnable (so retries never multiply), else the engine
             default (3 attempts, exponential backoff with jitter, retryable errors only).
-        timeout: seconds allowed per model or scorer attempt; ``None`` for no limit.
+        timeout: seconds allowed per model or scorer attempt (a number > 0, checked at
+            construction); ``None`` for no limit.
         budget: per-query caps on tokens, money or wall time (stop reason ``budget``).
     """
 
@@ -257,16 +270,17 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
     @field_validator("max_concurrency", mode="before")
     @classmethod
     def _check_max_concurrency(cls, v: Any) -> Any:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError("max_concurrency", v, "must be an integer >= 1")
-        return v
+        return _max_concurrency("max_concurrency", v)
 
     @field_validator("timeout", mode="before")
     @classmethod
     def _check_timeout(cls, v: Any) -> Any:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+        # As the engine: a real number > 0 (numpy scalars too; NaN is not > 0), or None.
+        if v is None:
+            return None
+        if not is_real(v) or not v > 0:
             raise ConfigError("timeout", v, "must be a positive number of seconds or None")
-        return v
+        return float(v)
 
     # -- serialization ---------------------------------------------------------------------------
     @classmethod
@@ -301,7 +315,12 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         return RetryPolicy()
 
     def _sampler(self, config: RunnableConfig) -> BeaconSampler:
-        mc = config.get("max_concurrency") or self.max_concurrency
+        # LangChain's max_concurrency: None (or absent) = no per-call limit, so the runnable's
+        # own field applies; 0 is invalid there too (a thread pool of 0 workers).
+        mc = config.get("max_concurrency")
+        mc = self.max_concurrency if mc is None else _max_concurrency(
+            'config["max_concurrency"]', mc
+        )
         return BeaconSampler(
             lc_generate(self.model, self.rate_limiter),
             lc_score(self.scorer),
@@ -313,7 +332,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         )
 
     def _query(self, value: Any, config: RunnableConfig) -> LCQuery:
-        return LCQuery(lc_prompt_text(value), value, config)
+        return LCQuery(lc_prompt_text(value, self.model), value, config)
 
     def _output(self, res: BeaconResult) -> Any:
         if self.return_result:
@@ -350,8 +369,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
     async def _ainvoke_inner(
         self, value: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
     ) -> Any:
+        sampler = self._sampler(config)
         query = self._query(value, config)
-        res = await self._sampler(config).arun(query, observers=[_dispatcher([query])])
+        res = await sampler.arun(query, observers=[_dispatcher([query])])
         res.prompt = query.text
         return self._output(res)
 
@@ -375,12 +395,28 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         inputs: list[Any],
         run_manager: list[AsyncCallbackManagerForChainRun],
         config: list[RunnableConfig],
+        return_exceptions: bool = False,
     ) -> list[Any]:
-        queries = [self._query(v, c) for v, c in zip(inputs, config, strict=True)]
         sampler = self._sampler(config[0])
-        results = await sampler.arun_many(queries, observers=[_dispatcher(queries)])
+        # A bad input fails before any model call; with return_exceptions it fails alone.
+        slots: list[LCQuery | Exception] = []
+        for v, c in zip(inputs, config, strict=True):
+            try:
+                slots.append(self._query(v, c))
+            except (TypeError, ValueError) as exc:
+                if not return_exceptions:
+                    raise
+                slots.append(exc)
+        queries = [q for q in slots if isinstance(q, LCQuery)]
+        results = iter(
+            await sampler.arun_many(queries, observers=[_dispatcher(queries)]) if queries else []
+        )
         out: list[Any] = []
-        for q, res in zip(queries, results, strict=True):
+        for q in slots:
+            if not isinstance(q, LCQuery):
+                out.append(q)
+                continue
+            res = next(results)
             res.prompt = q.text
             try:
                 out.append(self._output(res))
@@ -399,8 +435,16 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         """All inputs through one sampler: ``max_concurrency`` bounds model calls in flight
         across the batch, and one input's failure never loses the others' results."""
         self._check_kwargs(kwargs)
+
+        async def inner(
+            inputs: list[Any],
+            run_manager: list[AsyncCallbackManagerForChainRun],
+            config: list[RunnableConfig],
+        ) -> list[Any]:
+            return await self._abatch_inner(inputs, run_manager, config, return_exceptions)
+
         return await self._abatch_with_config(
-            self._abatch_inner, inputs, config, return_exceptions=return_exceptions
+            inner, inputs, config, return_exceptions=return_exceptions
         )
 
     def batch(
@@ -417,6 +461,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
 
     # -- streaming -------------------------------------------------------------------------------
     async def _chunks(self, value: Any, config: RunnableConfig) -> AsyncIterator[BeaconChunk]:
+        sampler = self._sampler(config)
         query = self._query(value, config)
         events: asyncio.Queue[SampleEvent | None] = asyncio.Queue()
 
@@ -425,7 +470,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
                 events.put_nowait(ev)
 
         task = asyncio.ensure_future(
-            self._sampler(config).arun(query, observers=[_dispatcher([query]), tap])
+            sampler.arun(query, observers=[_dispatcher([query]), tap])
         )
         task.add_done_callback(lambda _t: events.put_nowait(None))
         try:

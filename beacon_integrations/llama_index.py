@@ -140,14 +140,42 @@ def _observer(query_str: str) -> Any:
     return observe
 
 
-def _as_template(name: str, value: Any, default: BasePromptTemplate) -> BasePromptTemplate:
+def _as_template(
+    name: str, value: Any, default: BasePromptTemplate, formats: tuple[str, ...]
+) -> BasePromptTemplate:
+    """The template to format with the variables ``formats`` (the first one is required).
+
+    LlamaIndex leaves a variable it is not given in the text (``"{question}"`` would reach the
+    LLM literally), so the template must use one of ``formats`` and no variable that nothing
+    fills (its partial ``kwargs``, ``function_mappings`` and ``template_var_mappings`` count).
+    """
     if value is None:
         return default
     if isinstance(value, str):
-        return PromptTemplate(value)
-    if isinstance(value, BasePromptTemplate):
-        return value
-    raise ConfigError(name, value, "must be a prompt template, a template string or None")
+        value = PromptTemplate(value)
+    if not isinstance(value, BasePromptTemplate):
+        raise ConfigError(name, value, "must be a prompt template, a template string or None")
+    shown = getattr(value, "template", value)
+    mappings = dict(getattr(value, "template_var_mappings", None) or {})
+    given = {*formats, *(value.kwargs or {}), *(value.function_mappings or {})}
+    filled = {mappings.get(v, v) for v in given}
+    used = set(value.template_vars or [])
+    wanted = " or ".join(f"{{{v}}}" for v in formats)
+    if not used & {mappings.get(v, v) for v in formats}:
+        raise ConfigError(name, shown, f"must contain the variable {wanted} (the query)")
+    unknown = sorted(used - filled)
+    if unknown:
+        names = ", ".join(f"{{{v}}}" for v in unknown)
+        raise ConfigError(
+            name, shown, f"uses {names}, which nothing fills (it is formatted with {wanted})"
+        )
+    return value
+
+
+# What the templates are formatted with (see BeaconQueryEngine.arun and
+# BeaconQueryTransform.arun_with_result); the first name is the one documented.
+_ENGINE_VARS = ("query_str",)
+_TRANSFORM_VARS = ("query_str", "context_str")
 
 
 def _check_config(config: Any) -> BeaconConfig:
@@ -207,7 +235,7 @@ class BeaconQueryEngine(BaseQueryEngine):
         config: :class:`beacon.BeaconConfig` (cost c in reward units per sample, horizon n,
             family, batch size, prior, transform); its ``to_dict()`` is accepted too.
         llm: sample answers from this LlamaIndex ``LLM`` (``prompt_template`` formats the query,
-            variable ``{query_str}``) ...
+            variable ``{query_str}``, required) ...
         query_engine: ... or sample full responses from this query engine (exactly one of the
             two). The chosen response keeps its source nodes and metadata.
         prompt_template: LLM mode only; default: the query string itself.
@@ -247,7 +275,7 @@ class BeaconQueryEngine(BaseQueryEngine):
         self._llm = llm
         self._query_engine = query_engine
         self._prompt = _as_template(
-            "prompt_template", prompt_template, PromptTemplate("{query_str}")
+            "prompt_template", prompt_template, PromptTemplate("{query_str}"), _ENGINE_VARS
         )
         self._config = _check_config(config)
         generate = li_generate_llm(llm) if llm is not None else li_generate_engine(query_engine)
@@ -269,7 +297,9 @@ class BeaconQueryEngine(BaseQueryEngine):
 
     def _update_prompts(self, prompts: PromptDictType) -> None:
         if "beacon_prompt" in prompts:
-            self._prompt = prompts["beacon_prompt"]
+            self._prompt = _as_template(
+                "beacon_prompt", prompts["beacon_prompt"], self._prompt, _ENGINE_VARS
+            )
 
     def _get_prompt_modules(self) -> PromptMixinType:
         return {"query_engine": self._query_engine} if self._query_engine is not None else {}
@@ -313,9 +343,9 @@ class BeaconQueryTransform(BaseQueryTransform):
         mode: ``"rewrite"``: the best rewrite becomes the query string (and its first
             embedding string); ``"hyde"``: the query string is kept and the best hypothetical
             answer becomes its first embedding string (HyDE).
-        prompt: template with ``{query_str}`` (``"hyde"`` also accepts LlamaIndex's
-            ``{context_str}`` HyDE prompt); defaults: :data:`DEFAULT_REWRITE_PROMPT` and
-            LlamaIndex's ``DEFAULT_HYDE_PROMPT``.
+        prompt: template with ``{query_str}`` (or ``{context_str}``, as LlamaIndex's HyDE
+            prompt names the query); any other variable is a :class:`beacon.ConfigError`;
+            defaults: :data:`DEFAULT_REWRITE_PROMPT` and LlamaIndex's ``DEFAULT_HYDE_PROMPT``.
         include_original: keep the original query's embedding strings after the chosen one.
 
     ``last_result`` holds the :class:`~beacon.result.BeaconResult` of the latest run (for
@@ -344,7 +374,7 @@ class BeaconQueryTransform(BaseQueryTransform):
         self._llm = llm
         self._mode = mode
         default = DEFAULT_HYDE_PROMPT if mode == "hyde" else DEFAULT_REWRITE_PROMPT
-        self._prompt = _as_template("prompt", prompt, default)
+        self._prompt = _as_template("prompt", prompt, default, _TRANSFORM_VARS)
         self._include_original = bool(include_original)
         self._config = _check_config(config)
         self._sampler = _make_sampler(
@@ -361,7 +391,9 @@ class BeaconQueryTransform(BaseQueryTransform):
 
     def _update_prompts(self, prompts: PromptDictType) -> None:
         if "beacon_prompt" in prompts:
-            self._prompt = prompts["beacon_prompt"]
+            self._prompt = _as_template(
+                "beacon_prompt", prompts["beacon_prompt"], self._prompt, _TRANSFORM_VARS
+            )
 
     async def arun_with_result(
         self, query_bundle_or_str: QueryType, metadata: dict[str, Any] | None = None
@@ -371,8 +403,13 @@ class BeaconQueryTransform(BaseQueryTransform):
             bundle = QueryBundle(
                 query_str=query_bundle_or_str, custom_embedding_strs=[query_bundle_or_str]
             )
-        else:
+        elif isinstance(query_bundle_or_str, QueryBundle):
             bundle = query_bundle_or_str
+        else:
+            raise TypeError(
+                "query_bundle_or_str must be a str or a llama_index QueryBundle; got "
+                f"{type(query_bundle_or_str).__name__}"
+            )
         q = bundle.query_str
         # HyDE templates name the query {context_str}; str.format ignores the unused name.
         prompt = self._prompt.format(query_str=q, context_str=q)

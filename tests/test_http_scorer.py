@@ -21,6 +21,7 @@ from beacon_integrations.scorers import (
     RewardResponseError,
     RewardTimeoutError,
 )
+from beacon_integrations.scorers.errors import RewardRequestError
 
 SECRET = "s3cret-token-value"
 
@@ -371,3 +372,78 @@ def server_url_sync() -> Any:
     yield f"http://127.0.0.1:{state['port']}"
     state["loop"].call_soon_threadsafe(state["loop"].stop)
     t.join(10)
+
+
+# -- argument and request validation ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["http://", "https:///path", "http://:80/x", "http://user@/x",
+                                 "http://[::1/x", "http://x:abc/", "ftp://host/x", None, 5])
+def test_url_needs_http_scheme_and_host(url: Any) -> None:
+    with pytest.raises(beacon.ConfigError, match="url") as ei:
+        HttpRewardScorer(url)
+    assert ei.value.field == "url"
+
+
+@pytest.mark.parametrize(
+    ("headers", "field"),
+    [("abc", "headers"), ([("X-A", "b")], "headers"), ({"X-N": 5}, "headers['X-N']"),
+     ({5: "x"}, "headers"), ({"": "x"}, "headers"), ({"X-A": "a\r\nX-B: b"}, "headers['X-A']")],
+)
+def test_headers_must_map_strings_to_strings(headers: Any, field: str) -> None:
+    with pytest.raises(beacon.ConfigError, match="header") as ei:
+        HttpRewardScorer("http://127.0.0.1/x", headers=headers)
+    assert ei.value.field == field
+
+
+async def test_extra_headers_are_sent_with_the_json_body(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RM_KEY", SECRET)
+    async with HttpRewardScorer(server.url + "/auth", api_key_env="RM_KEY",
+                                headers={"X-Trace": "t-1"}) as s:
+        assert await s("p", "r") == 2.5
+    sent = server.bodies["auth"][0]
+    assert sent["X-Trace"] == "t-1" and sent["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response", "field"),
+    [({1, 2}, "r", "prompt"), (object(), "r", "prompt"), (float("nan"), "r", "prompt"),
+     ("p", {"x"}, "response")],
+)
+async def test_unencodable_request_is_a_typed_error_before_any_request(
+    server: Server, prompt: Any, response: Any, field: str
+) -> None:
+    async with HttpRewardScorer(server.url + "/score", score_path="data.0.score") as s:
+        with pytest.raises(RewardRequestError, match=f"{field}=") as ei:
+            await s(prompt, response)
+    assert isinstance(ei.value, TypeError) and not is_retryable(ei.value)
+    assert ei.value.field == field and ei.value.value is (prompt if field == "prompt" else response)
+    assert "score" not in server.hits  # nothing was sent
+
+
+async def test_unencodable_batch_names_the_responses(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/batch", batched=True, score_path="scores") as s:
+        with pytest.raises(RewardRequestError, match="responses=") as ei:
+            await s("p", ["ok", {"x"}])
+    assert ei.value.field == "responses" and "batch" not in server.hits
+
+
+async def test_batched_scorer_refuses_a_lone_text(server: Server) -> None:
+    async with HttpRewardScorer(server.url + "/batch", batched=True, score_path="scores") as s:
+        for lone in ("hello", b"hello", None):
+            with pytest.raises(RewardRequestError) as ei:
+                await s("p", lone)
+            assert ei.value.field == "responses"
+    assert "batch" not in server.hits
+
+
+async def test_sampler_does_not_retry_an_unencodable_prompt(server: Server) -> None:
+    cfg = beacon.BeaconConfig(cost=0.5, horizon=4, max_failures=1)
+    async with HttpRewardScorer(server.url + "/score", score_path="data.0.score") as s:
+        res = await BeaconSampler(lambda p: "x", s, cfg,
+                                  retry=RetryPolicy(max_attempts=3, base_delay=0.001)).arun({1})
+    assert res.stop_reason == "error" and res.usage.retries == 0
+    assert res.error is not None and "RewardRequestError" in res.error and "prompt" in res.error
+    assert "score" not in server.hits

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 from langchain_core.callbacks import (
     AsyncCallbackHandler,
@@ -26,6 +28,7 @@ from pydantic import Field, PrivateAttr, ValidationError
 
 import beacon
 from beacon import BeaconConfig, Draw, NIGPrior, Stopper
+from beacon.engine import BatchScorer, BeaconSampler
 from beacon.result import BeaconResult
 from beacon.retry import RetryPolicy
 from beacon_integrations.langchain import BeaconChunk, BeaconRunnable, BeaconSamplingError
@@ -555,3 +558,129 @@ def test_reward_coercion_of_scorer_outputs() -> None:
     for bad in (True, "high", float("nan"), None, [1.0]):
         with pytest.raises(beacon.RewardError):
             to_reward(bad, 4)
+
+
+# -- input and argument validation ----------------------------------------------------------------
+
+
+def _seen_scorer() -> tuple[list[str], Any]:
+    seen: list[str] = []
+
+    def scorer(prompt: str, response: str) -> float:
+        seen.append(prompt)
+        return REWARDS[response]
+
+    return seen, scorer
+
+
+def test_prompt_chain_model_scorer_sees_the_rendered_prompt() -> None:
+    prompt = ChatPromptTemplate.from_messages([("system", "sys"), ("human", "Answer: {q}")])
+    rendered = prompt.invoke({"q": "Why is the sky blue?"}).to_messages()[-1].text
+    for model_of in (lambda m: prompt | m, lambda m: (prompt | m).with_retry()):
+        for value in ({"q": "Why is the sky blue?"},
+                      {"q": "Why is the sky blue?", "extra": "x"},
+                      "Why is the sky blue?"):  # one-variable template: LangChain wraps it
+            seen, scorer = _seen_scorer()
+            chat = ScriptedChatModel(script=SCRIPT)
+            res = make(model=model_of(chat), scorer=scorer, return_result=True).invoke(value)
+            assert set(seen) == {rendered}
+            assert res.prompt == rendered
+            assert chat._inputs[0][0].content == "sys"  # the model still got the full prompt
+
+
+def test_dict_input_errors_and_json_rendering() -> None:
+    prompt = ChatPromptTemplate.from_template("Answer: {q}")
+    chat = ScriptedChatModel(script=SCRIPT)
+    # A dict that does not fill the template fails before any model call, naming the input.
+    with pytest.raises(beacon.ConfigError, match=r"input.*prompt template") as ei:
+        make(model=prompt | chat).invoke({"other": "x"})
+    assert ei.value.field == "input"
+    # A dict straight into a chat model can never work: a TypeError up front.
+    with pytest.raises(TypeError, match=r"input.*ScriptedChatModel.*dict"):
+        make(model=chat).invoke({"q": "x"})
+    assert chat._calls == 0
+    # Any other runnable taking a dict: the scorer sees it as JSON with sorted keys.
+    it = iter(SCRIPT)
+    seen, scorer = _seen_scorer()
+    value = {"z": "last", "a": ["first", 1]}
+    make(model=RunnableLambda(lambda _d: next(it)), scorer=scorer).invoke(value)
+    assert set(seen) == {json.dumps(value, sort_keys=True, ensure_ascii=False)}
+
+
+@pytest.mark.parametrize("bad", [5, None, 2.5, b"bytes", [5], object()])
+def test_unsupported_inputs_are_type_errors_naming_input(bad: Any) -> None:
+    model = ScriptedChatModel(script=SCRIPT)
+    r = make(model=model)
+    with pytest.raises(TypeError, match=r"^input must be .*" + type(bad).__name__):
+        r.invoke(bad)
+    with pytest.raises(TypeError, match=r"^input must be"):
+        list(r.stream(bad))
+    with pytest.raises(TypeError, match=r"^input must be"):
+        asyncio.run(r.ainvoke(bad))
+    assert model._calls == 0
+
+
+def test_batch_with_a_bad_input() -> None:
+    model = ScriptedChatModel(script=SCRIPT)
+    with pytest.raises(TypeError, match=r"^input must be"):
+        make(model=model).batch(["q", 5])
+    assert model._calls == 0  # failed before sampling anything
+    out = make(model=model).batch(["q", 5, "q"], return_exceptions=True)
+    assert isinstance(out[1], TypeError) and "input" in str(out[1])
+    assert isinstance(out[0], AIMessage) and isinstance(out[2], AIMessage)
+    charged = [m.response_metadata["beacon"]["n_samples"] for m in (out[0], out[2])]
+    assert model._calls == sum(charged)  # only the two good inputs were sampled
+
+
+def test_numeric_fields_validated_at_construction_numpy_accepted() -> None:
+    for bad in (float("nan"), 0, -1.0, "5", True):
+        with pytest.raises(ValidationError, match="timeout"):
+            make(timeout=bad)
+    r = make(timeout=np.float32(2.5), max_concurrency=np.int64(4))
+    assert type(r.timeout) is float and r.timeout == 2.5
+    assert type(r.max_concurrency) is int and r.max_concurrency == 4
+    check_choice(r.invoke("q"), SCRIPT, CFG)
+    for bad in (np.int64(0), 2.0, True):
+        with pytest.raises(ValidationError, match="max_concurrency"):
+            make(max_concurrency=bad)
+
+
+async def test_call_max_concurrency_zero_is_an_error_none_keeps_the_field() -> None:
+    for bad in (0, -1, 1.5):
+        model = ScriptedChatModel(script=SCRIPT)
+        with pytest.raises(beacon.ConfigError, match="max_concurrency") as ei:
+            await make(model=model).ainvoke("q", {"max_concurrency": bad})
+        assert ei.value.value == bad and model._calls == 0
+    model = ScriptedChatModel(script=SCRIPT, delay=0.01)
+    cfg = CFG.replace(batch_size=4)
+    await make(model=model, config=cfg, max_concurrency=2).abatch(
+        ["q1", "q2"], {"max_concurrency": None}
+    )
+    assert model._peak == 2
+    model = ScriptedChatModel(script=SCRIPT, delay=0.01)
+    await make(model=model, config=cfg).abatch(["q1", "q2"], {"max_concurrency": np.int64(3)})
+    assert model._peak == 3
+
+
+@pytest.mark.parametrize("shape", [np.array, lambda v: (x for x in v), tuple])
+def test_batched_scorer_may_return_any_sequence_like_the_engine(shape: Any) -> None:
+    def many(prompt: str, texts: list[str]) -> Any:
+        return shape([REWARDS[t] for t in texts])
+
+    cfg = CFG.replace(batch_size=2)
+    res = make(scorer=BatchScorer(many), config=cfg, return_result=True).invoke("q")
+    it = iter(SCRIPT)
+    core = BeaconSampler(lambda p: next(it), BatchScorer(many), cfg).run("q")  # the reference
+    assert res.best is not None and core.best is not None and res.n_failed == 0
+    assert [c.reward for c in res.candidates] == [c.reward for c in core.candidates]
+    assert res.best.text == core.best.text
+
+
+@pytest.mark.parametrize("out", [{0: 1.0, 1: 2.0}, None, "0.1", 3.0])
+def test_batched_scorer_returning_no_sequence_fails_samples_with_a_typed_error(out: Any) -> None:
+    r = make(scorer=BatchScorer(lambda p, ts: out), config=CFG.replace(max_failures=1),
+             return_result=True)
+    res = r.invoke("q")
+    assert res.best is None and res.stop_reason == "error"
+    assert res.error is not None and "sequence of" in res.error
+    assert type(out).__name__ in res.error

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.base_query_engine import BaseQueryEngine
@@ -23,7 +24,10 @@ from llama_index.core.query_engine import TransformQueryEngine
 from llama_index.core.schema import QueryBundle
 from pydantic import Field, PrivateAttr
 
+import beacon
 from beacon import BeaconConfig, Draw, NIGPrior, Stopper
+from beacon.engine import BatchScorer
+from beacon.retry import RetryPolicy
 from beacon_integrations.llama_index import (
     BeaconDecisionEvent,
     BeaconQueryEngine,
@@ -323,3 +327,72 @@ def test_bernoulli_family_absorbs_at_first_success() -> None:
     resp = qe.query("q")
     md = resp.metadata or {}
     assert resp.response == "d" and md["stop_reason"] == "absorbed" and md["n_samples"] == 4
+
+
+# -- template, scorer-output and query validation --------------------------------------------------
+
+
+@pytest.mark.parametrize("template", ["Question: {question}", "Q: fixed", "Q: {query_str} {foo}"])
+def test_engine_template_must_use_query_str_and_nothing_unfilled(template: str) -> None:
+    llm = ScriptedLLM(script=SCRIPT)
+    with pytest.raises(beacon.ConfigError, match=r"\{query_str\}|\{foo\}") as ei:
+        BeaconQueryEngine(table_scorer, CFG, llm=llm, prompt_template=template)
+    assert ei.value.field == "prompt_template" and ei.value.value == template
+    qe = BeaconQueryEngine(table_scorer, CFG, llm=llm)
+    with pytest.raises(beacon.ConfigError, match="beacon_prompt"):
+        qe.update_prompts({"beacon_prompt": PromptTemplate(template)})
+    assert llm._prompts == []
+
+
+def test_engine_template_variable_mappings_and_partials_count_as_filled() -> None:
+    mapped = PromptTemplate("Q: {question}", template_var_mappings={"query_str": "question"})
+    partial = PromptTemplate("{lang} Q: {query_str}").partial_format(lang="EN")
+    for template in (mapped, partial):
+        llm = ScriptedLLM(script=SCRIPT)
+        BeaconQueryEngine(table_scorer, CFG, llm=llm, prompt_template=template).query("What?")
+        assert set(llm._prompts) == {template.format(query_str="What?")}
+        assert "What?" in llm._prompts[0] and "{" not in llm._prompts[0]
+
+
+def test_transform_prompt_must_use_the_query() -> None:
+    llm = ScriptedLLM(script=SCRIPT)
+    for bad in ("{foo}", "Rewrite: {query_str} {foo}", "no variable"):
+        with pytest.raises(beacon.ConfigError, match=r"prompt.*(\{query_str\}|\{foo\})"):
+            BeaconQueryTransform(llm, table_scorer, CFG, prompt=bad)
+    # {context_str} (LlamaIndex's HyDE prompt names the query so) is formatted too.
+    t = BeaconQueryTransform(llm, table_scorer, CFG, mode="hyde", prompt="Doc for {context_str}")
+    t.run("hello")
+    assert set(llm._prompts) == {"Doc for hello"}
+
+
+@pytest.mark.parametrize("bad", [None, 5, ["q"]])
+def test_transform_query_must_be_str_or_bundle(bad: Any) -> None:
+    llm = ScriptedLLM(script=SCRIPT)
+    t = BeaconQueryTransform(llm, table_scorer, CFG)
+    with pytest.raises(TypeError, match=r"query_bundle_or_str.*" + type(bad).__name__):
+        t.run(bad)
+    with pytest.raises(TypeError, match="query_bundle_or_str"):
+        asyncio.run(t.arun(bad))
+    assert llm._prompts == []
+
+
+@pytest.mark.parametrize("out", [lambda ts: {i: 9.0 for i in range(len(ts))}, lambda ts: None,
+                                 lambda ts: "0.5"])
+def test_batched_scorer_must_return_one_reward_per_response(out: Any) -> None:
+    scorer = BatchScorer(lambda q, ts: out(ts))
+    qe = BeaconQueryEngine(scorer, CFG.replace(max_failures=1), llm=ScriptedLLM(script=SCRIPT),
+                           retry=RetryPolicy.none())
+    with pytest.raises(BeaconSamplingError) as ei:
+        qe.query("q")
+    res = ei.value.result
+    assert res.stop_reason == "error" and res.n_failed == len(res.candidates) > 0
+    assert res.error is not None and "sequence of" in res.error and "one per response" in res.error
+
+
+@pytest.mark.parametrize("shape", [np.array, lambda v: (x for x in v)])
+def test_batched_scorer_may_return_an_array_or_iterable(shape: Any) -> None:
+    scorer = BatchScorer(lambda q, ts: shape([table_scorer(q, t) for t in ts]))
+    resp = BeaconQueryEngine(scorer, CFG, llm=ScriptedLLM(script=SCRIPT)).query("q")
+    best, n, _ = best_of(SCRIPT, CFG)
+    assert resp.response == best
+    assert (resp.metadata or {})["rewards"] == [REWARDS[t] for t in SCRIPT[:n]]

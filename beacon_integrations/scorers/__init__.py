@@ -12,6 +12,7 @@ from __future__ import annotations
 from beacon_integrations.scorers.errors import (
     RewardConnectionError,
     RewardHTTPError,
+    RewardRequestError,
     RewardResponseError,
     RewardTimeoutError,
     ScorerError,
@@ -30,6 +31,7 @@ __all__ = [
     "MathAnswerVerifier",
     "RewardConnectionError",
     "RewardHTTPError",
+    "RewardRequestError",
     "RewardResponseError",
     "RewardTimeoutError",
     "ScorerError",

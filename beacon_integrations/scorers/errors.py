@@ -14,6 +14,7 @@ from beacon.errors import BeaconError, RewardError
 __all__ = [
     "RewardConnectionError",
     "RewardHTTPError",
+    "RewardRequestError",
     "RewardResponseError",
     "RewardTimeoutError",
     "ScorerError",
@@ -74,3 +75,23 @@ class RewardResponseError(RewardError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class RewardRequestError(ScorerError, TypeError):
+    """The request cannot be encoded: a value sent to the endpoint is not JSON-serializable.
+
+    ``field`` names it (``"prompt"``, ``"response"``, ``"responses"``, or ``"request_template"``
+    for a template constant), ``value`` is the value and ``reason`` why. Not retryable: the
+    same call would fail the same way.
+    """
+
+    retryable = False
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        text = repr(value)
+        if len(text) > 200:
+            text = text[:200] + "..."
+        super().__init__(f"cannot send the reward request: {field}={text} {reason}")

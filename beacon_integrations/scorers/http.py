@@ -18,6 +18,10 @@ Response: ``score_path`` is a dotted path (``"data.0.score"``; integers index li
 score, or in batched mode to a list of scores, or a path with one ``*`` (``"data.*.score"``)
 collecting one score per list element; or a callable ``f(json) -> score | [scores]``.
 
+The body is encoded as strict JSON before it is sent: a prompt or response that is not
+JSON-serializable (a set, an arbitrary object, NaN) is a :class:`RewardRequestError` naming the
+field, never retried.
+
 Auth: ``api_key_env`` names an environment variable read when the scorer is created; its value
 is sent as ``{auth_header}: {auth_scheme} <value>`` and never appears in ``repr``, errors or
 events.
@@ -32,7 +36,7 @@ import numbers
 import os
 import re
 import weakref
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -40,6 +44,7 @@ from beacon.errors import ConfigError
 from beacon_integrations.scorers.errors import (
     RewardConnectionError,
     RewardHTTPError,
+    RewardRequestError,
     RewardResponseError,
     RewardTimeoutError,
 )
@@ -55,11 +60,48 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 def _safe_url(url: str) -> str:
     """The URL without credentials, query or fragment (they may carry keys)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+    except ValueError:  # a malformed port or IPv6 literal: show no netloc at all
+        return "<malformed URL>"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _check_url(url: Any) -> None:
+    if not isinstance(url, str):
+        raise ConfigError("url", url, "must be an http(s) URL string")
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ConfigError("url", _safe_url(url), f"is malformed ({exc})") from exc
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError("url", _safe_url(url), "must be an http(s) URL")
+    if not host:
+        raise ConfigError("url", _safe_url(url), "has no host (expected http(s)://host/path)")
+
+
+_BAD_HEADER_CHARS = re.compile(r"[\r\n]")
+
+
+def _check_headers(headers: Any) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise ConfigError(
+            "headers", headers, "must be a mapping of header names to string values"
+        )
+    for k, v in headers.items():
+        if not isinstance(k, str) or not k or _BAD_HEADER_CHARS.search(k):
+            raise ConfigError("headers", k, "header names must be non-empty one-line strings")
+        if not isinstance(v, str) or _BAD_HEADER_CHARS.search(v):
+            raise ConfigError(
+                f"headers[{k!r}]", v, "header values must be one-line strings"
+            )
+    return dict(headers)
 
 
 def _messages(prompt: Any, response: str) -> list[Any]:
@@ -194,13 +236,14 @@ class HttpRewardScorer:
     """A reward scorer calling an HTTP JSON endpoint; usable as a BeaconSampler ``score``.
 
     Args:
-        url: the endpoint (POST).
+        url: the endpoint (POST); an ``http``/``https`` URL with a host.
         request_template: JSON body with placeholders (see module docs). Default
             ``{"prompt": "{prompt}", "response": "{response}"}``, or with ``"responses":
             "{responses}"`` in batched mode.
         score_path: dotted path or callable locating the score (list of scores when batched).
         batched: one request scores all responses of a batch (the endpoint accepts lists).
-        headers: extra request headers (do not put secrets here; use ``api_key_env``).
+        headers: extra request headers, a mapping of ``str`` names to ``str`` values (do not
+            put secrets here; use ``api_key_env``).
         api_key_env: name of the environment variable holding the API key.
         auth_header / auth_scheme: how the key is sent (``Authorization: Bearer <key>``);
             ``auth_scheme=""`` sends the bare key (e.g. ``auth_header="x-api-key"``).
@@ -226,8 +269,7 @@ class HttpRewardScorer:
         max_connections: int = 64,
         max_connections_per_host: int = 0,
     ) -> None:
-        if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https"):
-            raise ConfigError("url", _safe_url(str(url)), "must be an http(s) URL")
+        _check_url(url)
         if not (isinstance(score_path, str) or callable(score_path)):
             raise ConfigError("score_path", score_path, "must be a dotted path or a callable")
         if isinstance(score_path, str) and score_path.count("*") > 1:
@@ -252,7 +294,7 @@ class HttpRewardScorer:
         _check_placeholders(request_template, self.batched)
         self.request_template = request_template
         self.score_path = score_path
-        self.headers = dict(headers or {})
+        self.headers = _check_headers(headers)
         self.api_key_env = api_key_env
         self._auth: dict[str, str] = {}
         if api_key_env is not None:
@@ -333,6 +375,11 @@ class HttpRewardScorer:
     async def __call__(self, prompt: Any, response: Any) -> Any:
         """``(prompt, text) -> float``; in batched mode ``(prompt, [texts]) -> [floats]``."""
         if self.batched:
+            if isinstance(response, str | bytes) or not isinstance(response, Iterable):
+                # a lone text would be split into characters, one request item each
+                raise RewardRequestError(
+                    "responses", response, "a batched scorer takes a list of response texts"
+                )
             return await self.score_batch(prompt, list(response))
         return await self.score(prompt, response)
 
@@ -343,7 +390,7 @@ class HttpRewardScorer:
             self.request_template,
             {**values, "responses": [response], "prompts": [prompt]},
         )
-        doc = await self._post(body)
+        doc = await self._post(_encode(body, values))
         out = self._extract(doc)
         if self.batched:
             scores = self._as_list(out, 1)
@@ -356,11 +403,13 @@ class HttpRewardScorer:
             return list(await asyncio.gather(*(self.score(prompt, r) for r in responses)))
         if not responses:
             return []
+        values = {"prompt": prompt, "responses": list(responses)}
         body = _render(
-            self.request_template,
-            {"prompt": prompt, "responses": list(responses), "prompts": [prompt] * len(responses)},
+            self.request_template, {**values, "prompts": [prompt] * len(responses)}
         )
-        return self._as_list(self._extract(await self._post(body)), len(responses))
+        return self._as_list(
+            self._extract(await self._post(_encode(body, values))), len(responses)
+        )
 
     def _path_name(self) -> str:
         return self.score_path if isinstance(self.score_path, str) else "<score_path>"
@@ -411,13 +460,14 @@ class HttpRewardScorer:
             text = text.replace(self._secret, "***")
         return text
 
-    async def _post(self, body: Any) -> Any:
+    async def _post(self, data: bytes) -> Any:
+        """POST the JSON-encoded ``data`` (Content-Type from the session headers)."""
         import aiohttp
 
         url = _safe_url(self.url)
         try:
             session = await self._session()
-            async with session.post(self.url, json=body, headers=self._auth) as resp:
+            async with session.post(self.url, data=data, headers=self._auth) as resp:
                 raw = await resp.read()
                 if resp.status >= 400:
                     text = self._scrub(raw[:200].decode("utf-8", "replace"))
@@ -473,6 +523,25 @@ async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncGenera
         yield
     finally:
         await session.close()
+
+
+def _encode(body: Any, values: Mapping[str, Any]) -> bytes:
+    """The request body as strict JSON, or :class:`RewardRequestError` naming the culprit.
+
+    ``values`` are the placeholders' values, tried one by one to name the field (``prompt``,
+    ``response`` or ``responses``) that is not JSON-serializable (a set, an object, NaN...).
+    """
+    try:
+        return json.dumps(body, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        for name, value in values.items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as inner:
+                raise RewardRequestError(name, value, f"is not JSON-serializable: {inner}") \
+                    from exc
+        raise RewardRequestError("request_template", body, f"is not JSON-serializable: {exc}") \
+            from exc
 
 
 def _retry_after(value: str | None) -> float | None:
