@@ -95,8 +95,7 @@ def to_rewards(values: Any, n: int) -> list[float]:
     Accepts what the engine accepts (``beacon.engine.protocol``): a list or tuple, a numpy
     array or any other iterable (a generator), each element coerced by :func:`to_reward`. A
     string, a mapping (its keys are not rewards), a set (no order) or ``None`` is a
-    ``TypeError``; a wrong count
-    a ``ValueError``.
+    ``TypeError``; a wrong count a ``ValueError``.
     """
     if isinstance(values, str | bytes | Mapping | Set) or not isinstance(values, Iterable):
         raise TypeError(
