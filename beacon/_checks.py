@@ -1,4 +1,4 @@
-"""Type tests shared by the validators: numpy scalars count as numbers, booleans do not.
+"""Type tests and checks shared by the validators: numpy scalars count as numbers, booleans do not.
 
 Validators convert what passes to ``int`` / ``float`` before storing it, so configurations stay
 JSON-ready and compare equal whatever scalar type they were built from.
@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["is_integer", "is_real"]
+import numpy as np
+
+from beacon.errors import ConfigError
+
+__all__ = ["boolean", "is_integer", "is_real", "positive_int"]
 
 
 def is_real(v: object) -> bool:
@@ -19,3 +23,17 @@ def is_real(v: object) -> bool:
 def is_integer(v: object) -> bool:
     """An integer (``int`` or numpy integer scalar), not a boolean."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def positive_int(name: str, v: object, error: type[ConfigError] = ConfigError) -> int:
+    """``v`` as a plain ``int`` >= 1, or ``error(name, v, ...)`` (a :class:`ConfigError`)."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1:
+        return int(v)
+    raise error(name, v, "must be an integer >= 1")
+
+
+def boolean(name: str, v: object, error: type[ConfigError] = ConfigError) -> bool:
+    """``v`` (``bool`` or numpy boolean) as a plain ``bool``, or ``error(name, v, ...)``."""
+    if not isinstance(v, bool | np.bool_):
+        raise error(name, v, "must be True or False")
+    return bool(v)

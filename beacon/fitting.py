@@ -214,9 +214,6 @@ class _Stats:
         return cls(k, mean, ss)
 
 
-_NORMAL_SCALE_LIMIT = MAX_ABS_REWARD  # the Stopper's limit on |reward|
-
-
 def _check_normal_scale(x: FloatArray) -> None:
     """Rewards whose NIG prior is representable: ``beta0`` is in squared reward units.
 
@@ -229,18 +226,18 @@ def _check_normal_scale(x: FloatArray) -> None:
     hi = np.where(ok, x, -np.inf).max(axis=1, initial=-np.inf)
     lo = np.where(ok, x, np.inf).min(axis=1, initial=np.inf)
     big = max(float(np.max(hi, initial=0.0)), -float(np.min(lo, initial=0.0)))
-    if big > _NORMAL_SCALE_LIMIT:
+    if big > MAX_ABS_REWARD:
         raise ConfigError(
             "rewards", f"max |reward| {big:.3g}",
             f"too large for a normal prior (beta0 is in squared reward units; limit "
-            f"{_NORMAL_SCALE_LIMIT:g}): divide the rewards (and the cost) by a constant first",
+            f"{MAX_ABS_REWARD:g}): divide the rewards (and the cost) by a constant first",
         )
     widest = float(np.max(hi - lo, initial=0.0))
-    if 0.0 < widest < 1.0 / _NORMAL_SCALE_LIMIT:
+    if 0.0 < widest < 1.0 / MAX_ABS_REWARD:
         raise ConfigError(
             "rewards", f"largest within-prompt spread {widest:.3g}",
             f"too small for a normal prior (beta0 would underflow; limit "
-            f"{1.0 / _NORMAL_SCALE_LIMIT:g}): multiply the rewards (and the cost) by a constant "
+            f"{1.0 / MAX_ABS_REWARD:g}): multiply the rewards (and the cost) by a constant "
             "first",
         )
 

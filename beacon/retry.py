@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from beacon._checks import is_integer, is_real
+from beacon._checks import is_real, positive_int
 from beacon.errors import ConfigError
 
 __all__ = ["RetryPolicy", "TransientError", "is_retryable"]
@@ -90,9 +90,7 @@ class RetryPolicy:
     retry_on: Callable[[BaseException], bool] | None = None
 
     def __post_init__(self) -> None:
-        if not is_integer(self.max_attempts) or self.max_attempts < 1:
-            raise ConfigError("max_attempts", self.max_attempts, "must be an integer >= 1")
-        object.__setattr__(self, "max_attempts", int(self.max_attempts))
+        object.__setattr__(self, "max_attempts", positive_int("max_attempts", self.max_attempts))
         for name in ("base_delay", "max_delay"):
             v = getattr(self, name)
             if not is_real(v) or not 0 <= v < math.inf:

@@ -20,11 +20,11 @@ import inspect
 import json
 import math
 import numbers
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from beacon.engine.protocol import Generation, coerce_generation, is_batched
+from beacon.engine.protocol import Generation, batch_rewards, coerce_generation, is_batched
 from beacon.errors import BeaconError, ConfigError, RewardError
 from beacon.result import BeaconResult
 
@@ -92,26 +92,11 @@ def to_reward(value: Any, position: Any = None) -> float:
 def to_rewards(values: Any, n: int) -> list[float]:
     """A batched scorer's output as ``n`` rewards (one per response, in order).
 
-    Accepts what the engine accepts (``beacon.engine.protocol``): a list or tuple, a numpy
-    array or any other iterable (a generator), each element coerced by :func:`to_reward`. A
-    string, a mapping (its keys are not rewards), a set (no order) or ``None`` is a
-    ``TypeError``; a wrong count a ``ValueError``.
+    The engine's rule (:func:`beacon.engine.protocol.batch_rewards`: a list, tuple, numpy array
+    or other iterable of ``n``; a string, mapping, set or ``None`` is a ``TypeError``, a wrong
+    count a ``ValueError``), each element coerced by :func:`to_reward`.
     """
-    if isinstance(values, str | bytes | Mapping | Set) or not isinstance(values, Iterable):
-        raise TypeError(
-            f"batched scorer must return a sequence of {n} rewards, one per response "
-            f"(list, tuple, numpy array or iterable); got {type(values).__name__}"
-        )
-    try:
-        vals = list(values)
-    except TypeError as exc:  # e.g. a 0-d numpy array
-        raise TypeError(
-            f"batched scorer must return a sequence of {n} rewards, one per response; "
-            f"got {type(values).__name__} ({exc})"
-        ) from exc
-    if len(vals) != n:
-        raise ValueError(f"batched scorer returned {len(vals)} rewards for {n} responses")
-    return [to_reward(v, i) for i, v in enumerate(vals)]
+    return [to_reward(v, i) for i, v in enumerate(batch_rewards(values, n))]
 
 
 async def _maybe_await(v: Any) -> Any:

@@ -50,7 +50,7 @@ from langchain_core.runnables.retry import RunnableRetry
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator
 
-from beacon._checks import is_integer, is_real
+from beacon._checks import is_real, positive_int
 from beacon._sync import run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
@@ -95,13 +95,6 @@ class BeaconChunk(BaseModel):
     n_samples: int | None = None
     stop_reason: str | None = None
     output: Any = None
-
-
-def _max_concurrency(name: str, v: Any) -> int:
-    """An integer >= 1 (numpy integers too, as the engine accepts), stored as ``int``."""
-    if not is_integer(v) or v < 1:
-        raise ConfigError(name, v, "must be an integer >= 1")
-    return int(v)
 
 
 def _summary(res: BeaconResult) -> dict[str, Any]:
@@ -270,7 +263,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
     @field_validator("max_concurrency", mode="before")
     @classmethod
     def _check_max_concurrency(cls, v: Any) -> Any:
-        return _max_concurrency("max_concurrency", v)
+        return positive_int("max_concurrency", v)
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -318,7 +311,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         # LangChain's max_concurrency: None (or absent) = no per-call limit, so the runnable's
         # own field applies; 0 is invalid there too (a thread pool of 0 workers).
         mc = config.get("max_concurrency")
-        mc = self.max_concurrency if mc is None else _max_concurrency(
+        mc = self.max_concurrency if mc is None else positive_int(
             'config["max_concurrency"]', mc
         )
         return BeaconSampler(

@@ -44,7 +44,7 @@ import redis
 from celery import group, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
-from beacon._checks import is_integer
+from beacon._checks import boolean, positive_int
 from beacon.events import BeaconEvent, SampleEvent
 from beacon.jobs.execute import (
     FactoryCache,
@@ -386,10 +386,8 @@ def _check_submit_args(
             raise JobInputError(name, v, "must be a non-empty string or None")
     if not isinstance(source, str):
         raise JobInputError("source", source, "must be a string")
-    if not isinstance(retry_failed, bool):
-        raise JobInputError("retry_failed", retry_failed, "must be True or False")
-    if not is_integer(chunk) or chunk < 1:
-        raise JobInputError("chunk", chunk, "must be an integer >= 1")
+    boolean("retry_failed", retry_failed, JobInputError)
+    positive_int("chunk", chunk, JobInputError)
     if store is not None and not isinstance(store, JobStore):
         raise JobInputError("store", store, "must be a worker.state.JobStore or None")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "GenerateFn",
     "Generation",
     "ScoreFn",
+    "batch_rewards",
     "coerce_generation",
     "is_batched",
     "is_inline_sync",
@@ -212,21 +213,26 @@ def _is_async_callable(fn: Any) -> bool:
     )
 
 
-def _check_rewards(out: Any, n: int) -> list[float]:
-    if isinstance(out, str | bytes | Mapping | Set):
-        # iterating would give characters, keys, or an arbitrary order
+def batch_rewards(out: Any, n: int) -> list[Any]:
+    """A batched scorer's return value as a list of ``n`` values, one per response, in order.
+
+    A list, tuple, numpy array or any other iterable (a generator) is accepted. A string, bytes,
+    a mapping or a set is a ``TypeError`` (iterating would give characters, keys, or an
+    arbitrary order), as is a non-iterable; a wrong count is a ``ValueError``. The values
+    themselves are checked by the caller (the engine's reward check, or the adapters').
+    """
+    if isinstance(out, str | bytes | Mapping | Set) or not isinstance(out, Iterable):
         raise TypeError(
-            f"batched scorer must return a list of {n} rewards in the order of the responses,"
-            f" got {type(out).__name__}"
+            f"batched scorer must return a sequence of {n} rewards, one per response "
+            f"(list, tuple, numpy array or iterable); got {type(out).__name__}"
         )
-    if not isinstance(out, Sequence):
-        try:
-            out = list(out)
-        except TypeError as exc:
-            raise TypeError(
-                f"batched scorer must return a list of {n} rewards, got {type(out).__name__}"
-            ) from exc
-    vals = list(out)
+    try:
+        vals = list(out)
+    except TypeError as exc:  # e.g. a 0-d numpy array
+        raise TypeError(
+            f"batched scorer must return a sequence of {n} rewards, one per response; "
+            f"got {type(out).__name__} ({exc})"
+        ) from exc
     if len(vals) != n:
         raise ValueError(f"batched scorer returned {len(vals)} rewards for {n} responses")
     return vals
@@ -262,7 +268,7 @@ def make_score(
 
     if batched:
         async def batch_fn(prompt: Any, texts: list[str]) -> list[float]:
-            return _check_rewards(await call(prompt, texts), len(texts))
+            return batch_rewards(await call(prompt, texts), len(texts))
         return batch_fn, True
 
     if thread:

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence, Sized
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
-from beacon._checks import is_integer, is_real
+from beacon._checks import is_real, positive_int
 from beacon._sync import run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
@@ -31,12 +31,6 @@ from beacon.retry import RetryPolicy
 __all__ = ["BeaconSampler"]
 
 _DEFAULT_RETRY = RetryPolicy()
-
-
-def _positive_int(name: str, v: Any) -> int:
-    if not is_integer(v) or v < 1:
-        raise ConfigError(name, v, "must be an integer >= 1")
-    return int(v)
 
 
 def _timeout(name: str, v: Any) -> float | None:
@@ -150,11 +144,11 @@ class BeaconSampler:
             score, offload_sync=offload_sync, late_timeout=_timeout("timeout", timeout)
         )
         self._score_inline = is_inline_sync(score, offload_sync=offload_sync)
-        self.max_concurrency = _positive_int("max_concurrency", max_concurrency)
+        self.max_concurrency = positive_int("max_concurrency", max_concurrency)
         self.max_score_concurrency = (
             self.max_concurrency
             if max_score_concurrency is None
-            else _positive_int("max_score_concurrency", max_score_concurrency)
+            else positive_int("max_score_concurrency", max_score_concurrency)
         )
         self.rate_limiter = rate_limiter
         self.retry = retry
@@ -223,9 +217,7 @@ class BeaconSampler:
         in progress at once (default ``4 * max_concurrency``); the concurrency limit on calls
         applies across all of them either way.
         """
-        items = list(_prompts(prompts))
-        if metadata is not None and not isinstance(metadata, Mapping):
-            metadata = _metadata_list(metadata, len(items))  # before any query spends a call
+        items = list(_prompts(prompts))  # a list: astream_many checks metadata against its length
         out: list[BeaconResult | None] = [None] * len(items)
         stream = self.astream_many(
             items, observers=observers, metadata=metadata, max_active=max_active
@@ -264,7 +256,7 @@ class BeaconSampler:
         queries still running; to close it deterministically when breaking out of the loop,
         wrap it in ``contextlib.aclosing(...)`` (otherwise it is closed when collected).
         """
-        active = self.max_concurrency * 4 if max_active is None else _positive_int(
+        active = self.max_concurrency * 4 if max_active is None else positive_int(
             "max_active", max_active
         )
         _prompts(prompts)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from beacon._checks import is_integer
+from beacon._checks import positive_int
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine import BeaconSampler
@@ -157,9 +157,7 @@ class FactoryCache:
     def __init__(self, allowed: str | Iterable[str] | None, *, max_size: int = 32) -> None:
         # A string is parsed like BEACON_ALLOWED_FACTORIES, never iterated per character.
         self.allowed = normalize_allow_list(allowed)
-        if not is_integer(max_size) or max_size < 1:
-            raise ConfigError("max_size", max_size, "must be an integer >= 1")
-        self.max_size = int(max_size)
+        self.max_size = positive_int("max_size", max_size)
         self._objs: OrderedDict[str, Any] = OrderedDict()
 
     def get(self, spec: FactorySpec, role: str) -> Any:
@@ -237,14 +235,13 @@ class PromptExecutor:
         if not isinstance(spec, JobSpec):
             raise JobInputError("spec", spec, "must be a JobSpec (JobSpec.from_dict reads a "
                                               "JSON object)")
-        if not is_integer(call_concurrency) or call_concurrency < 1:
-            raise ConfigError("call_concurrency", call_concurrency, "must be an integer >= 1")
+        call_concurrency = positive_int("call_concurrency", call_concurrency)
         if cache is not None and not isinstance(cache, FactoryCache):
             raise ConfigError("cache", cache, "must be a FactoryCache or None")
         allowed = normalize_allow_list(allowed)
         self.spec = spec
         self.cache = cache if cache is not None else FactoryCache(allowed)
-        self.call_concurrency = int(call_concurrency)
+        self.call_concurrency = call_concurrency
         self.observers = tuple(observers)
         s = spec.sampling
         self.retry = RetryPolicy(max_attempts=int(s.get("max_attempts", 3)))

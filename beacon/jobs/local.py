@@ -28,9 +28,7 @@ from os import PathLike, fspath
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from beacon._checks import is_integer
+from beacon._checks import boolean, positive_int
 from beacon._sync import run_sync
 from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
@@ -149,18 +147,6 @@ def _check_path(name: str, value: Any) -> Path:
     return path
 
 
-def _check_int(name: str, value: Any) -> int:
-    if not is_integer(value) or value < 1:
-        raise ConfigError(name, value, "must be an integer >= 1")
-    return int(value)
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool | np.bool_):
-        raise ConfigError(name, value, "must be True or False")
-    return bool(value)
-
-
 def _check_prompts(prompts: Any) -> Path | None:
     """The prompts path (None for an iterable of records); raises for anything else."""
     if isinstance(prompts, str | PathLike):
@@ -226,14 +212,14 @@ async def arun_job(
             if path is not None and _same_file(path, prompts_path):
                 raise JobInputError(name, value, "must be a different file from prompts")
     out, dpo = out_path, dpo_path
-    concurrency = _check_int("concurrency", concurrency)
-    call_concurrency = _check_int("call_concurrency", call_concurrency)
+    concurrency = positive_int("concurrency", concurrency)
+    call_concurrency = positive_int("call_concurrency", call_concurrency)
     allowed = normalize_allow_list(allowed)
     if progress is not None and not callable(progress):
         raise ConfigError("progress", progress, "must be a callable taking a JobProgress, "
                                                 "or None")
-    retry_failed = _check_bool("retry_failed", retry_failed)
-    fsync = _check_bool("fsync", fsync)
+    retry_failed = boolean("retry_failed", retry_failed)
+    fsync = boolean("fsync", fsync)
     if executor is not None and not isinstance(executor, PromptExecutor):
         raise ConfigError("executor", executor, "must be a PromptExecutor or None")
     if warm_start is not None and not isinstance(warm_start, WarmStart):

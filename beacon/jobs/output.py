@@ -20,8 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import numpy as np
-
+from beacon._checks import boolean
 from beacon.errors import BeaconError, ConfigError
 
 __all__ = ["KeyedJsonlWriter", "OutputError", "dumps_record", "read_jsonl"]
@@ -82,11 +81,9 @@ class KeyedJsonlWriter:
             raise ConfigError("path", path, "must be a non-empty file path (str or os.PathLike)")
         if not isinstance(key_field, str) or not key_field:
             raise ConfigError("key_field", key_field, "must be a non-empty string")
-        if not isinstance(fsync, bool | np.bool_):
-            raise ConfigError("fsync", fsync, "must be True or False")
         self.path = Path(path)
         self.key_field = key_field
-        self.fsync = bool(fsync)
+        self.fsync = boolean("fsync", fsync)
         self._keys: set[str] = set()
         self._fd: int | None = None
         self.recovered_bytes = 0  # size of the torn tail cut off on open

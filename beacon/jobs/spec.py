@@ -174,7 +174,11 @@ def is_allowed(module: str, allowed: str | Iterable[str] | None) -> bool:
 
     ``allowed`` is read by :func:`normalize_allow_list` (a string like the environment variable).
     """
-    prefixes = normalize_allow_list(allowed)
+    return _matches(module, normalize_allow_list(allowed))
+
+
+def _matches(module: str, prefixes: tuple[str, ...] | None) -> bool:
+    """:func:`is_allowed` on an already normalized allow-list."""
     if prefixes is None:
         return True
     return any(p == "*" or module == p or module.startswith(p + ".") for p in prefixes)
@@ -244,8 +248,10 @@ class FactorySpec:
         """Raise :class:`FactoryNotAllowedError` unless the module is allowed (no import).
 
         ``allowed``: see :func:`normalize_allow_list` (a string is parsed, never iterated)."""
-        prefixes = normalize_allow_list(allowed)
-        if not is_allowed(self.module, prefixes):
+        self._check_prefixes(normalize_allow_list(allowed), role)
+
+    def _check_prefixes(self, prefixes: tuple[str, ...] | None, role: str) -> None:
+        if not _matches(self.module, prefixes):
             shown = ", ".join(prefixes or ()) or "(empty)"
             raise FactoryNotAllowedError(
                 role, self.factory,
@@ -255,8 +261,8 @@ class FactorySpec:
 
     def build(self, allowed: str | Iterable[str] | None, *, role: str = "factory") -> Any:
         """Check the allow-list, import the module, call ``factory(**kwargs)``."""
-        allowed = normalize_allow_list(allowed)
-        self.check_allowed(allowed, role=role)
+        prefixes = normalize_allow_list(allowed)
+        self._check_prefixes(prefixes, role)
         try:
             mod = importlib.import_module(self.module)
         except ImportError as exc:
@@ -267,8 +273,8 @@ class FactorySpec:
             raise JobInputError(role, self.factory,
                                 f"module {self.module!r} has no attribute {self.attribute!r}")
         defined_in = getattr(obj, "__module__", None)
-        if allowed is not None and not (isinstance(defined_in, str)
-                                        and is_allowed(defined_in, allowed)):
+        if prefixes is not None and not (isinstance(defined_in, str)
+                                         and _matches(defined_in, prefixes)):
             raise FactoryNotAllowedError(
                 role, self.factory,
                 f"{self.attribute!r} is defined in {defined_in!r}, outside the allow-list "
