@@ -224,6 +224,12 @@ class LoggedRewards:
     def max_samples(self) -> int:
         return int(self.counts.max())
 
+    @cached_property
+    def is_binary(self) -> bool:
+        """Every logged reward is 0 or 1 (pass/fail verdicts)."""
+        r = self.rewards[~np.isnan(self.rewards)]
+        return bool(np.all((r == 0.0) | (r == 1.0)))
+
     @property
     def has_labels(self) -> bool:
         return self.correct is not None and bool(np.any(~np.isnan(self.correct)))
@@ -275,17 +281,25 @@ class LoggedRewards:
     def for_family(self, family: str) -> LoggedRewards:
         """The data the given family replays: for ``bernoulli`` the ``correct`` labels as rewards.
 
-        Other families use the rewards unchanged.
+        A log without labels whose rewards are all 0 or 1 (a verifier's verdicts logged as the
+        reward) is its own labels. Other families use the rewards unchanged.
         """
         if family != "bernoulli":
             return self
         if not self.has_labels:
+            if self.is_binary:
+                return LoggedRewards(self.ids, self.rewards, self.rewards, self.source)
+            bad = np.argwhere(~np.isnan(self.rewards) & (self.rewards != 0.0)
+                              & (self.rewards != 1.0))[0]
+            i, j = int(bad[0]), int(bad[1])
             raise LogFormatError(
                 self.source,
                 None,
                 "correct",
                 None,
-                "the bernoulli family needs per-sample 'correct' labels and this log has none",
+                "the bernoulli family needs per-sample 'correct' labels, or rewards that are "
+                f"all 0 or 1; this log has no labels and prompt {self.ids[i]!r} has reward "
+                f"{float(self.rewards[i, j])!r} (sample {j})",
             )
         assert self.correct is not None
         rows = [row[~np.isnan(row)] for row in self.correct]

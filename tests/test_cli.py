@@ -200,6 +200,25 @@ def test_bernoulli_without_labels_fails_clearly() -> None:
     assert code == 1 and "correct" in err
 
 
+def test_binary_rewards_get_a_bernoulli_hint_and_replay_as_labels(tmp_path: Path) -> None:
+    rows = [json.loads(line) for line in GAME24.read_text().splitlines() if line.strip()]
+    log = tmp_path / "verdicts.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({"id": r["id"], "rewards": [int(c) for c in r["correct"]]}) + "\n"
+            for r in rows
+        )
+    )
+    code, out, err = run("replay", log, "-c", "0.1")
+    assert code == 0 and "--family bernoulli models them exactly" in " ".join(err.split())
+    code, out, _ = run("replay", log, "-c", "0.05", "--family", "bernoulli", "--json")
+    assert code == 0
+    _, ref, _ = run("replay", GAME24, "-c", "0.05", "--family", "bernoulli", "--json")
+    assert json.loads(out)["beacon"] == json.loads(ref)["beacon"]
+    _, out, _ = run("replay", WRITING, "-c", "0.1", "--json")
+    assert not any("bernoulli" in n for n in json.loads(out)["notes"])
+
+
 def test_bad_transform_and_prior_files(tmp_path: Path) -> None:
     code, _, err = run("replay", WRITING, "-c", "0.1", "--transform", "cube")
     assert code == 2 and "--transform" in err
@@ -230,6 +249,63 @@ def test_reward_outside_transform_domain_names_the_prompt() -> None:
 def test_horizon_too_small_is_usage_error() -> None:
     code, _, err = run("replay", WRITING, "-c", "0.1", "-n", "2")
     assert code == 2 and "--horizon" in err
+
+
+def _ragged_log(path: Path) -> list[dict[str, object]]:
+    """The creative-writing log with three prompts cut short (2, 5 and 7 samples, one null)."""
+    rows = [json.loads(line) for line in WRITING.read_text().splitlines() if line.strip()]
+    rows[3]["rewards"] = rows[3]["rewards"][:2]
+    rows[10]["rewards"] = rows[10]["rewards"][:5]
+    rows[20]["rewards"] = [*rows[20]["rewards"][:7], None]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_short_prompt_below_k0_names_it_and_suggests_min_samples(tmp_path: Path) -> None:
+    log = tmp_path / "ragged.jsonl"
+    rows = _ragged_log(log)
+    for cmd in (("replay", log, "-c", "0.1"), ("tune", log, "--prior", "default")):
+        code, _, err = run(*cmd)
+        flat = " ".join(err.split())
+        assert code == 2, err
+        assert f"{rows[3]['id']!r} (2 logged samples)" in flat
+        assert "--min-samples 4" in flat  # Jeffreys: k0 + 1 = 4
+
+
+def test_min_samples_leaves_short_prompts_out(tmp_path: Path) -> None:
+    log = tmp_path / "ragged.jsonl"
+    rows = _ragged_log(log)
+    code, out, _ = run("replay", log, "-c", "0.1", "--min-samples", "4", "--json")
+    assert code == 0
+    got = json.loads(out)
+    keep = [i for i in range(len(rows)) if i != 3]
+    expected = evaluate(
+        load_logged(log).subset(keep), beacon.BeaconConfig(cost=0.1, horizon=5)
+    )
+    assert got["horizon"] == 5  # the shortest prompt kept (5 samples) caps it
+    assert got["beacon"]["avg_samples"] == pytest.approx(expected.beacon.avg_samples)
+    notes = " ".join(got["notes"])
+    assert f"left out 1 of {len(rows)} prompts with fewer than 4" in notes
+    # the default horizon is held at 5 by one prompt while the others have 10: a note says so
+    assert f"the shortest prompt, {rows[10]['id']!r} (5 logged samples), caps it" in notes
+    assert "2 of 99 prompts have fewer than 10" in notes
+    code, out, _ = run("replay", log, "-c", "0.1", "--min-samples", "8", "--json")
+    got = json.loads(out)
+    assert got["horizon"] == 10 and got["n_prompts"] == len(rows) - 3
+    assert not any("caps it" in n for n in got["notes"])
+
+
+def test_min_samples_bad_values_are_usage_errors(tmp_path: Path) -> None:
+    code, _, err = run("replay", WRITING, "-c", "0.1", "--min-samples", "0")
+    assert code == 2 and "--min-samples" in err and "must be >= 1" in " ".join(err.split())
+    code, _, err = run("tune", WRITING, "--min-samples", "11")
+    flat = " ".join(err.split())
+    assert code == 2 and "no prompt" in flat and "the longest has 10" in flat
+
+
+def test_complete_log_has_no_horizon_note() -> None:
+    code, out, _ = run("replay", WRITING, "-c", "0.1", "--json")
+    assert code == 0 and json.loads(out)["notes"] == []
 
 
 def test_unknown_option_is_usage_error() -> None:

@@ -273,6 +273,30 @@ def test_bernoulli_needs_labels() -> None:
         evaluate(d, beacon.BeaconConfig(cost=0.1, horizon=5, family="bernoulli"))
 
 
+def test_bernoulli_error_names_a_reward_that_is_not_0_or_1() -> None:
+    d = load_logged(WRITING)
+    first = json.loads(WRITING.read_text().splitlines()[0])
+    with pytest.raises(LogFormatError) as info:
+        d.for_family("bernoulli")
+    assert f"prompt {first['id']!r} has reward {float(first['rewards'][0])!r} (sample 0)" in str(
+        info.value
+    )
+
+
+def test_binary_rewards_without_labels_are_their_own_labels() -> None:
+    # the game-24 log's labels, logged as the reward and without a 'correct' field
+    g = load_logged(GAME24)
+    assert g.correct is not None
+    as_rewards = LoggedRewards(g.ids, g.correct, None, "verdicts")
+    assert as_rewards.is_binary and not load_logged(WRITING).is_binary
+    cfg = beacon.BeaconConfig(cost=0.05, horizon=32, family="bernoulli")
+    got = evaluate(as_rewards, cfg)
+    want = evaluate(g, cfg)
+    assert got.beacon.avg_samples == want.beacon.avg_samples
+    assert got.beacon.accuracy == want.beacon.accuracy
+    assert got.beacon.mean_best_reward == pytest.approx(want.beacon.accuracy)
+
+
 def test_horizon_capped_at_samples_every_prompt_has() -> None:
     d = logged_from_records(
         [

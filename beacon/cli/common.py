@@ -23,6 +23,7 @@ from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -70,6 +71,7 @@ __all__ = [
     "parse_transform",
     "progress_bar",
     "resolve_prior_and_transform",
+    "select_prompts",
     "spinner",
     "usage_error",
 ]
@@ -360,11 +362,22 @@ HorizonOpt = Annotated[
         show_default=False,
     ),
 ]
+MinSamplesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--min-samples",
+        help="Leave out prompts with fewer logged samples than this (rewards; labels with "
+        "--family bernoulli) [default: keep every prompt]. Best-of-N needs N samples from "
+        "every prompt, so the shortest prompt kept caps the horizon.",
+        show_default=False,
+    ),
+]
 FamilyOpt = Annotated[
     str,
     typer.Option(
         "--family",
-        help="Reward family: normal, or bernoulli (uses the 'correct' labels as 0/1 rewards).",
+        help="Reward family: normal, or bernoulli (uses the 'correct' labels as 0/1 rewards; "
+        "without labels, rewards that are all 0 or 1).",
     ),
 ]
 BatchOpt = Annotated[
@@ -452,6 +465,60 @@ def prior_mode(prior: str | None, default: str) -> str:
     return "file"
 
 
+def select_prompts(
+    data: LoggedRewards, family: str, min_samples: int | None
+) -> tuple[LoggedRewards, list[str]]:
+    """``--min-samples``: the prompts with at least that many logged samples, and a note.
+
+    Counts are of the samples ``family`` replays (the labels for bernoulli). Leaving every
+    prompt out is a usage error on ``--min-samples``.
+    """
+    if min_samples is None:
+        return data, []
+    if min_samples < 1:
+        usage_error(f"{min_samples}: must be >= 1", "--min-samples")
+    counts = data.for_family(family).counts
+    keep = counts >= min_samples
+    if not keep.any():
+        usage_error(
+            f"{min_samples}: no prompt in {data.source} has that many logged samples (the "
+            f"longest has {int(counts.max(initial=0))})",
+            "--min-samples",
+        )
+    if keep.all():
+        return data, []
+    left_out = int((~keep).sum())
+    note = (
+        f"left out {left_out} of {data.n_prompts} prompts with fewer than {min_samples} logged "
+        "samples (--min-samples)"
+    )
+    return data.subset(np.flatnonzero(keep)), [note]
+
+
+def _shortest(data: LoggedRewards) -> str:
+    """``'id' (n samples)`` of the prompt with the fewest logged samples, for messages."""
+    i = int(np.argmin(data.counts))
+    return f"{data.ids[i]!r} ({int(data.counts[i])} logged samples)"
+
+
+def _default_horizon(data: LoggedRewards) -> tuple[int, list[str]]:
+    """Horizon without ``--horizon``: ``min(DEFAULT_HORIZON, samples every prompt has)``.
+
+    When a few short prompts cap it below what the others have, a note says so and how to
+    leave them out (it used to be capped silently).
+    """
+    horizon = min(DEFAULT_HORIZON, data.min_samples)
+    want = min(DEFAULT_HORIZON, data.max_samples)
+    if horizon >= want:
+        return horizon, []
+    short = int((data.counts < want).sum())
+    return horizon, [
+        f"horizon {horizon}: the shortest prompt, {_shortest(data)}, caps it (best-of-N needs "
+        f"N samples from every prompt); {short} of {data.n_prompts} prompts have fewer than "
+        f"{want} (--min-samples N leaves out the prompts with fewer than N samples)"
+    ]
+
+
 def log_setup(
     data: LoggedRewards,
     *,
@@ -494,18 +561,39 @@ def log_setup(
         None if mode in (PRIOR_FIT, PRIOR_DEFAULT) else Path(str(prior)),
         None if mode == PRIOR_FIT else transform,
     )
-    fam_data = data.for_family(family)  # a bernoulli log without labels fails here
+    fam_data = data.for_family(family)  # a bernoulli log without 0/1 labels fails here
+    if family == "normal" and data.is_binary:
+        notes = [
+            *notes,
+            "every reward is 0 or 1 (a verifier's pass/fail?): --family bernoulli models "
+            "them exactly (Beta-Bernoulli, stops at the first pass)",
+        ]
+    fields: dict[str, Any] = {
+        "cost": cost,
+        "family": family,
+        "batch_size": batch_size,
+        "robust": robust,
+        "prior": prior_obj,
+        "transform": tr,
+    }
     if horizon is None:
-        horizon = min(DEFAULT_HORIZON, fam_data.min_samples)
-    cfg = build_config(
-        cost=cost,
-        horizon=horizon,
-        family=family,
-        batch_size=batch_size,
-        robust=robust,
-        prior=prior_obj,
-        transform=tr,
-    )
+        horizon, horizon_notes = _default_horizon(fam_data)
+        notes = notes + horizon_notes
+        try:
+            cfg = BeaconConfig(horizon=horizon, **fields)
+        except ConfigError as exc:
+            if exc.field != "horizon":
+                config_error(exc)
+            # the log, not an option, set this horizon: say which prompt and what to do
+            need = build_config(horizon=DEFAULT_HORIZON, **fields).k0 + 1
+            usage_error(
+                f"the shortest prompt in {data.source}, {_shortest(fam_data)}, has fewer "
+                f"than the {need} (k0 + 1) this prior needs before its first decision: "
+                f"--min-samples {need} leaves such prompts out",
+                "--min-samples",
+            )
+    else:
+        cfg = build_config(horizon=horizon, **fields)
     if mode != PRIOR_FIT:
         return LogSetup(cfg, None, notes, spec)
     with spinner(f"fitting the prior on {k} folds"):
@@ -553,7 +641,8 @@ def horizon_note(requested: int | None, cfg: BeaconConfig, data: LoggedRewards) 
     return [
         f"horizon capped at {cfg.horizon} (asked for {requested}): {short} of {data.n_prompts} "
         f"prompts have fewer than {requested} logged samples (the shortest has "
-        f"{data.min_samples}), and best-of-N needs N samples from every prompt"
+        f"{data.min_samples}), and best-of-N needs N samples from every prompt: "
+        f"--min-samples {requested} leaves them out"
     ]
 
 

@@ -16,6 +16,7 @@ from beacon.cli.common import (
     HorizonOpt,
     JsonOpt,
     LoggedArg,
+    MinSamplesOpt,
     PriorOpt,
     RobustOpt,
     TransformOpt,
@@ -27,6 +28,7 @@ from beacon.cli.common import (
     options_for,
     out_console,
     print_notes,
+    select_prompts,
     spinner,
 )
 from beacon.config import BeaconConfig
@@ -180,6 +182,7 @@ def replay_command(
         ),
     ],
     horizon: HorizonOpt = None,
+    min_samples: MinSamplesOpt = None,
     family: FamilyOpt = "normal",
     batch_size: BatchOpt = 1,
     robust: RobustOpt = True,
@@ -195,9 +198,9 @@ def replay_command(
     With --prior fit, each of --folds folds of prompts is replayed with a prior (and transform)
     fitted on the other folds only.
     """
-    data = load_log(logged)
+    data, kept_notes = select_prompts(load_log(logged), family, min_samples)
     setup = log_setup(data, **options_for(log_setup, locals()))
-    notes = setup.notes
+    notes = kept_notes + setup.notes
     ev = run_replay(data, setup.config, setup.crossfit)
     notes += horizon_note(ev.requested_horizon, ev.config, data.for_family(family))
     if as_json:

@@ -24,6 +24,7 @@ from beacon.cli.common import (
     HorizonOpt,
     JsonOpt,
     LoggedArg,
+    MinSamplesOpt,
     RobustOpt,
     TransformOpt,
     fmt,
@@ -35,6 +36,7 @@ from beacon.cli.common import (
     out_console,
     print_notes,
     progress_bar,
+    select_prompts,
     spinner,
     usage_error,
     warm_up,
@@ -430,6 +432,7 @@ def tune_command(
         ),
     ] = None,
     horizon: HorizonOpt = None,
+    min_samples: MinSamplesOpt = None,
     family: FamilyOpt = "normal",
     batch_size: BatchOpt = 1,
     robust: RobustOpt = True,
@@ -462,7 +465,7 @@ def tune_command(
         usage_error(f"{quality!r}: choose from {', '.join(QUALITY_KINDS)}", "--quality")
     if points < 2:
         usage_error(f"{points}: need at least 2 costs", "--points")
-    data = load_log(logged)
+    data, kept_notes = select_prompts(load_log(logged), family, min_samples)
     # The sweep replaces the cost; 0.1 only has to be a valid placeholder for validation.
     setup = log_setup(
         data,
@@ -473,7 +476,7 @@ def tune_command(
             default_prior="fit" if family == "normal" else "default",
         ),
     )
-    cfg, cf, notes = setup.config, setup.crossfit, setup.notes
+    cfg, cf, notes = setup.config, setup.crossfit, kept_notes + setup.notes
     costs = None
     if cost_min is not None or cost_max is not None or points != 25:
         fam_data = data.for_family(family)
