@@ -410,7 +410,7 @@ def load_logged(path: str | Path) -> LoggedRewards:
     if p.is_dir():
         raise LogFormatError(src, None, "file", src, "is a directory, not a JSONL file")
     rows: list[tuple[str, list[float], list[float] | None]] = []
-    with p.open("r", encoding="utf-8") as fh:
+    with p.open("r", encoding="utf-8-sig") as fh:
         for lineno, text in enumerate(fh, start=1):
             if not text.strip():
                 continue

@@ -673,7 +673,7 @@ def load_fit(path: str | Path) -> FitResult:
     """
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8-sig"))
     except FileNotFoundError as exc:
         raise ConfigError("prior", str(p), "file not found") from exc
     except json.JSONDecodeError as exc:

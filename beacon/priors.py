@@ -191,7 +191,7 @@ def load_prior(path: str | Path) -> Prior:
     """Load a prior saved as JSON (e.g. by ``beacon fit-prior``)."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8-sig"))
     except FileNotFoundError as exc:
         raise ConfigError("prior", str(p), "file not found") from exc
     except json.JSONDecodeError as exc:

@@ -129,6 +129,16 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
         load_logged(p)
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None:
+    # JSONL written by Windows tools (PowerShell, Excel's "UTF-8" export) starts with a BOM
+    p = tmp_path / "bom.jsonl"
+    p.write_text(WRITING.read_text(encoding="utf-8"), encoding="utf-8-sig")
+    assert p.read_bytes().startswith(b"\xef\xbb\xbf")
+    got, want = load_logged(p), load_logged(WRITING)
+    assert got.ids == want.ids
+    np.testing.assert_array_equal(got.rewards, want.rewards)
+
+
 def test_logged_from_records_matches_file(tmp_path: Path) -> None:
     recs = [json.loads(x) for x in WRITING.read_text().splitlines()[:5]]
     d = logged_from_records(recs)

@@ -189,6 +189,10 @@ def test_json_round_trip_and_load(tmp_path: object) -> None:
     bare = Path(str(tmp_path)) / "bare.json"
     bare.write_text(json.dumps(res.prior.to_dict()))
     assert load_fit(bare).prior == res.prior and load_fit(bare).transform is None
+    # saved by a Windows editor: UTF-8 with a byte order mark
+    bom = Path(str(tmp_path)) / "bom.json"
+    bom.write_text(path.read_text(encoding="utf-8"), encoding="utf-8-sig")
+    assert load_fit(bom).prior == res.prior and beacon.load_prior(bom) == res.prior
 
 
 def test_ragged_rows_are_padded() -> None:

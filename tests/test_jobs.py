@@ -98,6 +98,13 @@ def test_iter_prompt_file_yields_line_errors_and_skips_blank(tmp_path: Path) -> 
     assert isinstance(bad, LineError) and bad.line == 3 and bad.raw == "{oops"
 
 
+def test_prompt_file_with_a_byte_order_mark(tmp_path: Path) -> None:
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"id": 1, "prompt": "a"}\n{"id": 2, "prompt": "b"}\n', encoding="utf-8-sig")
+    items = list(iter_prompt_file(p))
+    assert [i.id for i in items if isinstance(i, PromptRecord)] == [1, 2]
+
+
 def test_allow_list_prefixes_are_module_boundaries() -> None:
     allowed = parse_allow_list("mycorp.models, other.")
     assert allowed == ("beacon.demo", "mycorp.models", "other")

@@ -211,7 +211,7 @@ def _read_json(path: Path, option: str) -> Any:
     if not path.exists():
         usage_error(f"file {str(path)!r} does not exist", option)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         fail(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno})")
     except UnicodeDecodeError:

@@ -203,7 +203,7 @@ def _kwargs(text: str | None, option: str) -> dict[str, Any]:
         p = Path(text[1:])
         if not p.is_file():
             usage_error(f"file {str(p)!r} does not exist", option)
-        src = p.read_text(encoding="utf-8")
+        src = p.read_text(encoding="utf-8-sig")
     try:
         data = json.loads(src)
     except json.JSONDecodeError as exc:
@@ -226,7 +226,7 @@ def _base_config(path: Path | None) -> dict[str, Any]:
     if not path.is_file():
         usage_error(f"file {str(path)!r} does not exist", "--config")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         fail(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
     if isinstance(data, dict) and isinstance(data.get("config"), dict):

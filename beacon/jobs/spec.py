@@ -424,7 +424,7 @@ def iter_prompt_lines(
 def iter_prompt_file(path: str | Path) -> Iterator[PromptRecord | LineError]:
     """Stream a prompts JSONL file (UTF-8) as records and per-line errors."""
     p = Path(path)
-    with p.open("r", encoding="utf-8", errors="surrogateescape") as fh:
+    with p.open("r", encoding="utf-8-sig", errors="surrogateescape") as fh:
         yield from iter_prompt_lines(fh, source=p.name)
 
 
