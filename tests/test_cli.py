@@ -217,6 +217,10 @@ def test_binary_rewards_get_a_bernoulli_hint_and_replay_as_labels(tmp_path: Path
     assert json.loads(out)["beacon"] == json.loads(ref)["beacon"]
     _, out, _ = run("replay", WRITING, "-c", "0.1", "--json")
     assert not any("bernoulli" in n for n in json.loads(out)["notes"])
+    # tune says bernoulli, not judge (for 0/1 rewards the judge family is the same model)
+    code, _, err = run("tune", log, "--prior", "default", "--points", "4", "-n", "8")
+    flat = " ".join(err.split())
+    assert code == 0 and "--family bernoulli" in flat and "--family judge" not in flat
 
 
 def test_bad_transform_and_prior_files(tmp_path: Path) -> None:

@@ -574,8 +574,8 @@ def _judge_hint(data: LoggedRewards, res: TuneResult, family: str) -> list[str]:
     """
     import numpy as np
 
-    if family != "normal":
-        return []
+    if family != "normal" or data.is_binary:
+        return []  # 0/1 rewards: the bernoulli note (log_setup) is the exact model, not judge
     r = data.rewards[~np.isnan(data.rewards)]
     if r.size == 0 or r.min() < 0.0 or r.max() > 1.0:
         return []
