@@ -8,17 +8,20 @@ LlamaIndex keep callback managers in context variables).
 
 Caveat: in the worker-thread case the calling loop is blocked while the coroutine runs, as any
 synchronous call from a coroutine would block it; prefer the async API from async code.
+
+:func:`call_in_thread` is the engine's way to await a blocking callable (``offload_sync``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["in_running_loop", "run_sync"]
+__all__ = ["call_in_thread", "in_running_loop", "run_sync"]
 
 T = TypeVar("T")
 
@@ -52,3 +55,40 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         raise box["error"]
     result: T = box["value"]
     return result
+
+
+def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if fut.done():  # abandoned: the awaiting call timed out or was cancelled
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
+
+
+async def call_in_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """Await the blocking ``fn(*args)``, run in a new daemon thread (context variables copied).
+
+    Not ``asyncio.to_thread``: the default executor's threads are joined when ``asyncio.run``
+    returns and again at interpreter exit, so a blocking call that never returns (an HTTP
+    client without its own timeout), abandoned by the engine's timeout, would hold up
+    ``run()`` and even the end of the process. Here the abandoned thread is left to finish on
+    its own and its result is dropped. One thread per call: noise next to a model call.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+    ctx = contextvars.copy_context()
+
+    def target() -> None:
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            value = ctx.run(fn, *args)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            error = exc
+        # RuntimeError: the loop has closed since, nobody is waiting any more
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, fut, value, error)
+
+    threading.Thread(target=target, name="beacon-offload", daemon=True).start()
+    return await fut

@@ -410,6 +410,93 @@ async def test_thirty_percent_failures_every_query_gets_a_result() -> None:
     assert any(r.stop_reason == "error" for r in results)
 
 
+async def test_timeout_error_says_which_call_and_how_long() -> None:
+    async def slow_score(p: Any, text: str) -> float:
+        await asyncio.sleep(5.0)
+        return 1.0
+
+    res = await BeaconSampler(
+        FakeModel(p=1.0), slow_score, bern(max_failures=0), timeout=0.05,
+        retry=RetryPolicy.none(),
+    ).arun("q")
+    assert "scorer call timed out after 0.05 s" in (res.error or "")
+
+    async def own_timeout(p: Any) -> str:  # the client's own TimeoutError is kept as it is
+        raise TimeoutError("upstream read timeout")
+
+    res = await BeaconSampler(
+        own_timeout, bin_score, bern(max_failures=0), timeout=10.0, retry=RetryPolicy.none()
+    ).arun("q")
+    assert "upstream read timeout" in (res.error or "") and "timed out after" not in (
+        res.error or ""
+    )
+
+
+async def test_a_model_raising_cancelled_error_fails_its_sample_not_the_batch() -> None:
+    async def gen(p: Any) -> str:
+        await asyncio.sleep(0)
+        if p == 2:  # e.g. a client library whose internal task was cancelled
+            raise asyncio.CancelledError()
+        return "r=1"
+
+    s = BeaconSampler(gen, bin_score, bern(max_failures=0), retry=RetryPolicy.none())
+    results = await s.arun_many(range(5))
+    assert [r.stop_reason for r in results] == ["absorbed"] * 2 + ["error"] + ["absorbed"] * 2
+    assert "CallCancelledError" in (results[2].error or "")
+    assert results[2].usage.failed_calls == 1
+
+    # on a later, sequential draw too (the first k0 = 3 draws of the normal family succeed)
+    calls = 0
+
+    async def late(p: Any) -> str:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0)
+        if p == 1 and calls >= 4:
+            raise asyncio.CancelledError()
+        return "r=0.5"
+
+    def score(p: Any, text: str) -> float:
+        return random.random()
+
+    cfg = beacon.BeaconConfig(cost=1e-6, horizon=8, max_failures=0)
+    results = await BeaconSampler(late, score, cfg, retry=RetryPolicy.none()).arun_many(
+        [0, 1], max_active=1
+    )
+    assert results[0].n_samples == 8 and results[1].stop_reason == "error"
+
+
+async def test_cancelled_error_of_the_caller_still_propagates() -> None:
+    started = asyncio.Event()
+
+    async def gen(p: Any) -> str:
+        started.set()
+        await asyncio.sleep(10)
+        return "r=1"
+
+    task = asyncio.create_task(BeaconSampler(gen, bin_score, bern()).arun("q"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_calls_waiting_for_a_slot_when_cancelled_are_not_counted() -> None:
+    made = 0
+
+    async def gen(p: Any) -> Generation:
+        nonlocal made
+        made += 1
+        await asyncio.sleep(0.001)
+        return Generation("r=0", input_tokens=0, output_tokens=100)
+
+    cfg = bern(cost=0.001, horizon=8, batch_size=8)
+    s = BeaconSampler(gen, bin_score, cfg, max_concurrency=1, budget=Budget(max_tokens=350))
+    res = await s.arun("q")
+    assert res.stop_reason == "budget"
+    assert res.usage.model_calls == made  # calls queued behind the one slot were never made
+
+
 # -- budgets ----------------------------------------------------------------------------------
 async def test_token_budget_stops_with_budget() -> None:
     def gen(p: Any) -> Generation:
@@ -544,6 +631,49 @@ async def test_offload_sync_runs_blocking_callables_in_threads() -> None:
 
     res = await BeaconSampler(gen, bin_score, bern(), offload_sync=True).arun("q")
     assert res.n_samples == 1 and threading.current_thread().name not in threads
+
+
+def test_offload_sync_call_that_never_returns_does_not_hold_up_run() -> None:
+    import threading
+
+    release = threading.Event()
+
+    def gen(p: Any) -> str:  # a blocking client without a timeout of its own
+        release.wait(60)
+        return "r=1"
+
+    s = BeaconSampler(
+        gen, bin_score, bern(max_failures=0), offload_sync=True, timeout=0.05,
+        retry=RetryPolicy.none(),
+    )
+    box: dict[str, BeaconResult] = {}
+    t = threading.Thread(target=lambda: box.setdefault("res", s.run("q")), daemon=True)
+    t.start()
+    t.join(30)  # asyncio.to_thread made run() wait for the abandoned call (60 s here)
+    finished = not t.is_alive()
+    release.set()
+    assert finished
+    assert box["res"].stop_reason == "error" and "TimeoutError" in (box["res"].error or "")
+
+
+async def test_offload_sync_keeps_context_and_reports_errors() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("v", default="unset")
+    var.set("caller")
+    seen: list[str] = []
+
+    def gen(p: Any) -> str:
+        seen.append(var.get())
+        return "r=1"
+
+    def score(p: Any, text: str) -> float:
+        raise ValueError("scorer down")
+
+    res = await BeaconSampler(gen, bin_score, bern(), offload_sync=True).arun("q")
+    assert res.n_samples == 1 and seen == ["caller"]
+    res = await BeaconSampler(
+        gen, score, bern(max_failures=0), offload_sync=True, retry=RetryPolicy.none()
+    ).arun("q")
+    assert res.stop_reason == "error" and "scorer down" in (res.error or "")
 
 
 # -- observers --------------------------------------------------------------------------------
@@ -808,7 +938,15 @@ async def test_bad_metadata_and_observers_are_config_errors_before_any_call() ->
     with pytest.raises(beacon.ConfigError) as exc2:
         [x async for x in s.astream_many(["a", "b"], metadata=[{}])]
     assert exc2.value.field == "metadata"
+    # a lazy iterator of prompts is checked against per-prompt metadata up front too
+    for n_prompts, n_meta in ((5, 2), (2, 5)):
+        with pytest.raises(beacon.ConfigError) as exc2:
+            [x async for x in s.astream_many((p for p in range(n_prompts)),
+                                             metadata=[{}] * n_meta)]
+        assert exc2.value.field == "metadata"
     assert model.calls == 0
+    got = [x async for x in s.astream_many((p for p in "ab"), metadata=[{"m": 0}, {"m": 1}])]
+    assert sorted((i, r.metadata["m"]) for i, r in got) == [(0, 0), (1, 1)]
     with pytest.raises(beacon.ConfigError, match="observers"):
         BeaconSampler(model, bin_score, bern(), observers=print)  # type: ignore[arg-type]
     res = await BeaconSampler(model, bin_score, bern(), observers=None).arun(  # type: ignore[arg-type]

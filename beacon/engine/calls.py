@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from beacon.result import Usage
 from beacon.retry import RetryPolicy
 
-__all__ = ["CallGuard", "guarded_call"]
+__all__ = ["CallCancelledError", "CallGuard", "guarded_call"]
 
 T = TypeVar("T")
 
@@ -37,6 +37,14 @@ class CallGuard:
     rng: random.Random
 
 
+class CallCancelledError(RuntimeError):
+    """The called model or scorer raised ``asyncio.CancelledError`` without being cancelled.
+
+    A library's internal task being cancelled must not look like the caller cancelling the
+    query (that would end the query, or a whole ``run_many``, instead of failing one sample).
+    """
+
+
 async def guarded_call(
     guard: CallGuard,
     fn: Callable[..., Awaitable[T]],
@@ -47,22 +55,19 @@ async def guarded_call(
 ) -> T:
     """``await fn(*args)`` under ``guard``; counts calls, failures and retries into ``usage``.
 
-    Raises the last exception when it is not retryable or the attempts are exhausted. The wait
-    before a retry is the policy's jittered backoff, or the error's ``retry_after`` seconds when
-    larger (capped at ``max_delay``).
-    ``asyncio.CancelledError`` always propagates at once.
+    A call is counted when its attempt starts (slot taken, rate limiter passed), so a sample
+    cancelled while it waits for capacity costs no call. Raises the last exception when it is
+    not retryable or the attempts are exhausted; a per-attempt timeout is a ``TimeoutError``
+    saying which call and how long, a ``CancelledError`` raised by ``fn`` itself a
+    :class:`CallCancelledError`. The wait before a retry is the policy's jittered backoff, or
+    the error's ``retry_after`` seconds when larger (capped at ``max_delay``).
+    Cancellation of the calling task always propagates at once.
     """
     attempt = 0
     while True:
         attempt += 1
-        if model:
-            usage.model_calls += 1
-        else:
-            usage.score_calls += 1
-        if attempt > 1:
-            usage.retries += 1
         try:
-            return await _attempt(guard, fn, args)
+            return await _attempt(guard, fn, args, usage, model, attempt > 1)
         except Exception as exc:
             usage.failed_calls += 1
             if not guard.retry.should_retry(exc, attempt):
@@ -75,19 +80,64 @@ async def guarded_call(
         await asyncio.sleep(delay)
 
 
-async def _attempt(guard: CallGuard, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
+def _count(usage: Usage, model: bool, retry: bool) -> None:
+    if model:
+        usage.model_calls += 1
+    else:
+        usage.score_calls += 1
+    if retry:
+        usage.retries += 1
+
+
+async def _attempt(
+    guard: CallGuard,
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    usage: Usage,
+    model: bool,
+    retry: bool,
+) -> T:
     sem = guard.semaphore
     if sem is not None:
         await sem.acquire()
     try:
         if guard.rate_limiter is None:
-            if guard.timeout is None:
-                return await fn(*args)
-            async with asyncio.timeout(guard.timeout):
-                return await fn(*args)
+            _count(usage, model, retry)
+            return await _timed(guard.timeout, fn, args, model)
         async with guard.rate_limiter:
-            async with asyncio.timeout(guard.timeout):
-                return await fn(*args)
+            _count(usage, model, retry)
+            return await _timed(guard.timeout, fn, args, model)
     finally:
         if sem is not None:
             sem.release()
+
+
+async def _timed(
+    timeout: float | None, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], model: bool
+) -> T:
+    if timeout is None:
+        return await _own_cancel_is_error(fn, args, model)
+    cm = asyncio.timeout(timeout)
+    try:
+        async with cm:
+            return await _own_cancel_is_error(fn, args, model)
+    except TimeoutError as exc:
+        if not cm.expired():  # the callee's own TimeoutError: keep it as it is
+            raise
+        what = "model" if model else "scorer"
+        raise TimeoutError(f"{what} call timed out after {timeout:g} s") from exc
+
+
+async def _own_cancel_is_error(
+    fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], model: bool
+) -> T:
+    try:
+        return await fn(*args)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() > 0:
+            raise  # our task is being cancelled (by the caller, or by the timeout)
+        what = "model" if model else "scorer"
+        raise CallCancelledError(
+            f"the {what} call raised CancelledError without being cancelled"
+        ) from exc

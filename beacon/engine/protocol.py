@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from beacon._checks import is_integer, is_real
+from beacon._sync import call_in_thread
 from beacon.errors import ConfigError
 
 __all__ = [
@@ -181,7 +182,7 @@ def make_generate(generate: Any, *, offload_sync: bool = False) -> GenerateFn:
         )
     if offload_sync and not _is_async_callable(generate):
         async def via_thread(prompt: Any) -> Generation:
-            return coerce_generation(await _maybe_await(await asyncio.to_thread(generate, prompt)))
+            return coerce_generation(await _maybe_await(await call_in_thread(generate, prompt)))
         return via_thread
 
     async def via_call(prompt: Any) -> Generation:
@@ -258,7 +259,7 @@ def make_score(
     async def call(prompt: Any, texts: list[str]) -> Any:
         arg: Any = texts if batched else texts[0]
         if thread:
-            out = await asyncio.to_thread(score, prompt, arg)
+            out = await call_in_thread(score, prompt, arg)
         else:
             out = score(prompt, arg)
         if _awaitable(out):

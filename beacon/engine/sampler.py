@@ -102,9 +102,12 @@ class BeaconSampler:
         budget: per-query caps on tokens, money and wall seconds (stop reason ``budget``).
         observers: callables receiving :class:`~beacon.events.SampleEvent` and
             :class:`~beacon.events.DecisionEvent` for every query.
-        offload_sync: run *synchronous* generate/score callables in worker threads
-            (``asyncio.to_thread``) so that blocking clients do not stall the event loop; by
-            default sync callables are assumed cheap and called inline.
+        offload_sync: run *synchronous* generate/score callables in worker threads (one
+            daemon thread per call, :func:`beacon._sync.call_in_thread`) so that blocking
+            clients do not stall the event loop and ``timeout`` applies to them: a call still
+            blocked when it times out is abandoned (its thread finishes on its own, its result
+            is dropped) and never holds up ``run()`` or the end of the process. By default
+            sync callables are assumed cheap and called inline.
         seed: seed of the backoff jitter (reproducible retry timing in tests).
 
     The prompt is opaque: it is passed unchanged to ``generate`` and ``score``.
@@ -251,7 +254,9 @@ class BeaconSampler:
     ) -> AsyncGenerator[tuple[int, BeaconResult], None]:
         """Yield ``(position, result)`` as queries finish (completion order).
 
-        Prompts are consumed lazily (at most ``max_active`` queries exist as tasks at once).
+        Prompts are consumed lazily (at most ``max_active`` queries exist as tasks at once),
+        unless ``metadata`` has one entry per prompt: then an iterator of prompts is read first,
+        so that the two counts are checked before any call.
         Event ``query_id`` is the prompt's position. Closing the generator early cancels the
         queries still running; to close it deterministically when breaking out of the loop,
         wrap it in ``contextlib.aclosing(...)`` (otherwise it is closed when collected).
@@ -266,20 +271,18 @@ class BeaconSampler:
         if isinstance(metadata, Mapping):
             shared_meta = metadata
         elif metadata is not None:
-            n = len(prompts) if isinstance(prompts, Sized) else None
-            meta_list = _metadata_list(metadata, n)
+            if not isinstance(prompts, Sized):
+                # per-prompt metadata pairs with a finite list of prompts: read it now, so the
+                # counts are checked before any call (a lazy stream found out half-way)
+                prompts = list(prompts)
+            meta_list = _metadata_list(metadata, len(prompts))
         obs = _observers("observers", observers) if observers is not None else None
         it = iter(enumerate(prompts))
         queue: asyncio.Queue[tuple[int, BeaconResult] | None] = asyncio.Queue()
 
         async def worker() -> None:
             for i, prompt in it:
-                if seq_meta:
-                    if i >= len(meta_list):
-                        raise ConfigError("metadata", len(meta_list), "fewer entries than prompts")
-                    meta = meta_list[i]
-                else:
-                    meta = shared_meta
+                meta = meta_list[i] if seq_meta else shared_meta
                 try:
                     res = await self._arun(prompt, obs, meta, i)
                 except Exception as exc:  # defensive: _arun only raises on misuse
