@@ -322,6 +322,31 @@ def test_bad_lines_and_disallowed_override_fail_alone(tmp_path: Path) -> None:
     assert all(rows[i]["ok"] for i in range(1, 21))
 
 
+def test_text_with_no_utf8_form_fails_its_line_not_the_job(tmp_path: Path) -> None:
+    # a JSON "\ud800" escape (lone surrogate) and a line with an undecodable byte
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(
+        b'{"id": "a", "prompt": "fine"}\n'
+        b'{"id": "s", "prompt": "x \\ud800"}\n'
+        b'\xff garbage\n'
+        b'{"id": "b", "prompt": "also fine"}\n'
+    )
+    out = tmp_path / "out.jsonl"
+    s = run_job(prompts, _spec(), out)
+    assert s.progress.done == 2 and s.progress.failed == 2 and s.exit_code == 1
+    raw = out.read_bytes()
+    raw.decode("utf-8")  # the output stays valid UTF-8
+    rows = {r["line"]: r for r in read_jsonl(out)}
+    assert rows[1]["ok"] and rows[4]["ok"]
+    assert rows[2]["error"]["field"] == "prompt" and "lone surrogate" in rows[2]["error"]["message"]
+    assert rows[3]["error"]["field"] == "line" and rows[3]["error"]["value"] == "\udcff garbage"
+    again = run_job(prompts, _spec(), out, retry_failed=False)  # keys are stable: all skipped
+    assert again.progress.done == 0 and again.progress.skipped == 4
+    records = [{"id": "x", "prompt": "a\ud800b"}, {"id": "y", "prompt": "ok"}]
+    s2 = run_job(records, _spec(), tmp_path / "out2.jsonl")
+    assert s2.progress.done == 1 and s2.progress.failed == 1
+
+
 def test_str_allow_list_is_parsed_like_the_env_variable_never_per_character(
     tmp_path: Path,
 ) -> None:

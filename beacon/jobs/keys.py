@@ -23,7 +23,10 @@ _KEY_CHARS = 32
 
 
 def _digest(payload: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()[:_KEY_CHARS]
+    # surrogatepass: a bad input line may hold undecodable bytes (read with surrogateescape);
+    # it changes nothing for valid text, so every existing key stays the same
+    data = canonical_json(payload).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()[:_KEY_CHARS]
 
 
 def _spec_part(spec: JobSpec, record: PromptRecord | None) -> dict[str, Any]:

@@ -43,12 +43,23 @@ def _sanitize(obj: Any) -> Any:
 
 
 def dumps_record(record: Mapping[str, Any]) -> str:
-    """One JSONL line (without newline): compact, UTF-8 kept, non-finite floats as null."""
+    """One JSONL line (without newline): compact, UTF-8 kept, non-finite floats as null.
+
+    Text with no UTF-8 form (a lone surrogate, e.g. the raw text of an input line with
+    undecodable bytes, echoed in its error line) is written ``\\u``-escaped instead, so the
+    line is still valid JSON and the file valid UTF-8.
+    """
+    obj: Any = record
     try:
-        return json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except ValueError:
-        return json.dumps(_sanitize(record), ensure_ascii=False, allow_nan=False,
-                          separators=(",", ":"))
+        obj = _sanitize(record)
+        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:

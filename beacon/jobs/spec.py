@@ -99,10 +99,20 @@ def canonical_json(obj: Any) -> str:
 
 def _check_json(field: str, value: Any) -> None:
     try:
-        canonical_json(value)
+        text = canonical_json(value)
     except (TypeError, ValueError) as exc:
         raise JobInputError(field, value, f"must be JSON-serializable without NaN/inf ({exc})") \
             from exc
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # a lone surrogate (JSON "\ud800", or undecodable bytes in the file): no UTF-8 form,
+        # so no model API could be sent it, and the job's keys and outputs could not hold it
+        bad = text[exc.start:exc.end]
+        raise JobInputError(
+            field, value, f"holds {bad!r}, a lone surrogate that is not valid Unicode text "
+            "(fix the input's encoding)"
+        ) from exc
 
 
 # -- allow-list ------------------------------------------------------------------------------
