@@ -16,13 +16,16 @@ called with, and the framework context of this one query. ``BeaconResult.prompt`
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
 import numbers
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from beacon.engine.protocol import Generation, batch_rewards, coerce_generation, is_batched
 from beacon.errors import BeaconError, ConfigError, RewardError
@@ -60,13 +63,20 @@ class BeaconSamplingError(BeaconError, RuntimeError):
 
 
 # -- rewards ----------------------------------------------------------------------------------
-def to_reward(value: Any, position: Any = None) -> float:
-    """A scorer's output as a finite float reward.
+def _reward_error(value: Any, reason: str, position: Any = None, where: str = "") -> RewardError:
+    """A :class:`beacon.RewardError` whose message names a position only when there is one.
 
-    Accepts a real number, a numeric string (an LLM judge piped into ``StrOutputParser``), a
-    message whose text content is numeric (a judge chat model), or a mapping with a numeric
-    ``"score"`` or ``"reward"`` entry. Anything else is a :class:`beacon.RewardError`.
+    ``position`` is a sample's position (the engine's meaning); ``where`` describes the value
+    otherwise (``"response 2 of the batch"``); with neither the message names no place.
     """
+    err = RewardError(position, value, reason)
+    if position is None:
+        at = f" for {where}" if where else ""
+        err.args = (f"invalid reward{at}: {value!r} ({reason})",)
+    return err
+
+
+def _to_reward(value: Any, position: Any, where: str) -> float:
     raw = value
     if isinstance(value, dict):
         for key in ("score", "reward"):
@@ -80,13 +90,36 @@ def to_reward(value: Any, position: Any = None) -> float:
         try:
             value = float(value.strip())
         except ValueError as exc:
-            raise RewardError(position, raw, "scorer returned a non-numeric string") from exc
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise RewardError(position, raw, "scorer must return a real number")
-    x = float(value)
+            raise _reward_error(
+                raw, "scorer returned a non-numeric string", position, where
+            ) from exc
+    # As the engine (beacon.engine.query): a verifier's True/False (numpy's too) is 1.0/0.0.
+    if isinstance(value, bool | np.bool_):
+        return 1.0 if value else 0.0
+    if not isinstance(value, numbers.Real):
+        raise _reward_error(
+            raw, "scorer must return a real number (or a bool)", position, where
+        )
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond the float range
+        x = math.inf
     if not math.isfinite(x):
-        raise RewardError(position, raw, "reward must be finite")
+        raise _reward_error(raw, "reward must be finite", position, where)
     return x
+
+
+def to_reward(value: Any, position: Any = None) -> float:
+    """A scorer's output as a finite float reward.
+
+    Accepts a real number, a bool (``True``/``False``, numpy's too: 1.0/0.0, as the engine
+    does, for verifiers on the bernoulli family), a numeric string (an LLM judge piped into
+    ``StrOutputParser``), a message whose text content is numeric (a judge chat model), or a
+    mapping with a numeric (or bool) ``"score"`` or ``"reward"`` entry. Anything else is a
+    :class:`beacon.RewardError`; its message names ``position`` (a sample's position) only
+    when one is given.
+    """
+    return _to_reward(value, position, "")
 
 
 def to_rewards(values: Any, n: int) -> list[float]:
@@ -94,9 +127,34 @@ def to_rewards(values: Any, n: int) -> list[float]:
 
     The engine's rule (:func:`beacon.engine.protocol.batch_rewards`: a list, tuple, numpy array
     or other iterable of ``n``; a string, mapping, set or ``None`` is a ``TypeError``, a wrong
-    count a ``ValueError``), each element coerced by :func:`to_reward`.
+    count a ``ValueError``), each element coerced by :func:`to_reward` (an invalid one is a
+    :class:`beacon.RewardError` naming the response's place in the batch).
     """
-    return [to_reward(v, i) for i, v in enumerate(batch_rewards(values, n))]
+    return [
+        _to_reward(v, None, f"response {i} of the batch")
+        for i, v in enumerate(batch_rewards(values, n))
+    ]
+
+
+_T = TypeVar("_T")
+
+
+async def _timed(what: str, timeout: float | None, aw: Awaitable[_T]) -> _T:
+    """``await aw`` within ``timeout`` seconds (``None``: no limit), as the engine bounds a call.
+
+    An expired limit is a ``TimeoutError`` saying which call and how long; a ``TimeoutError``
+    raised by the call itself is kept as it is.
+    """
+    if timeout is None:
+        return await aw
+    cm = asyncio.timeout(timeout)
+    try:
+        async with cm:
+            return await aw
+    except TimeoutError as exc:
+        if not cm.expired():
+            raise
+        raise TimeoutError(f"{what} call timed out after {timeout:g} s") from exc
 
 
 async def _maybe_await(v: Any) -> Any:
@@ -226,20 +284,26 @@ def lc_prompt_text(value: Any, model: Any = None) -> str:
 
 
 def lc_generate(
-    model: Any, rate_limiter: Any = None
+    model: Any, rate_limiter: Any = None, timeout: float | None = None
 ) -> Callable[[LCQuery], Awaitable[Generation]]:
     """``generate(query)``: one sample from a LangChain chat model or runnable.
 
     The model is invoked with the query's child config (a child run; callbacks see its
     ``on_llm_end``, hence its usage metadata). ``rate_limiter`` (a LangChain
     ``BaseRateLimiter``) is acquired before every call, retries included, on top of any
-    limiter the model applies itself. A string output becomes the text of the sample.
+    limiter the model applies itself. ``timeout`` (seconds; ``None``: none here) bounds the
+    model call alone, from the moment the rate limiter lets it through: run the engine with
+    ``timeout=None`` then, or its per-attempt timeout would also count the wait for the rate
+    limiter (see :class:`~beacon_integrations.langchain.BeaconRunnable`). A string output
+    becomes the text of the sample.
     """
 
     async def generate(query: LCQuery) -> Generation:
         if rate_limiter is not None:
             await rate_limiter.aacquire(blocking=True)
-        out = await model.ainvoke(query.model_input, config=query.config)
+        out = await _timed(
+            "model", timeout, model.ainvoke(query.model_input, config=query.config)
+        )
         return coerce_generation(out)
 
     return generate
@@ -278,28 +342,34 @@ def lc_scorer_runnable(scorer: Any) -> tuple[Any, bool]:
 
 
 class _LCScore:
-    """Engine scorer calling a LangChain runnable under the query's config."""
+    """Engine scorer calling a LangChain runnable under the query's config.
 
-    def __init__(self, runnable: Any, batched: bool) -> None:
+    ``timeout`` (seconds; ``None``: none here) bounds each call, for a caller that runs the
+    engine without its own per-attempt timeout (see :func:`lc_generate`).
+    """
+
+    def __init__(self, runnable: Any, batched: bool, timeout: float | None = None) -> None:
         self.runnable = runnable
         self.batched = batched
+        self.timeout = timeout
 
     async def __call__(self, query: LCQuery, response: Any) -> Any:
         if self.batched:
-            out = await self.runnable.ainvoke(
+            out = await _timed("scorer", self.timeout, self.runnable.ainvoke(
                 {"prompt": query.text, "responses": list(response)}, config=query.config
-            )
+            ))
             return to_rewards(out, len(response))
-        out = await self.runnable.ainvoke(
+        out = await _timed("scorer", self.timeout, self.runnable.ainvoke(
             {"prompt": query.text, "response": response}, config=query.config
-        )
+        ))
         return to_reward(out)
 
 
-def lc_score(scorer: Any) -> _LCScore:
-    """The engine scorer for ``scorer`` (see :func:`lc_scorer_runnable`)."""
+def lc_score(scorer: Any, timeout: float | None = None) -> _LCScore:
+    """The engine scorer for ``scorer`` (see :func:`lc_scorer_runnable`); ``timeout`` bounds
+    each scorer call (``None``: left to the engine)."""
     runnable, batched = lc_scorer_runnable(scorer)
-    return _LCScore(runnable, batched)
+    return _LCScore(runnable, batched, timeout)
 
 
 # -- LlamaIndex ---------------------------------------------------------------------------------
@@ -369,7 +439,7 @@ class _LIScore:
         if self._evaluator:
             res = await self.scorer.aevaluate(query=query.text, response=response)
             if res.score is None:
-                raise RewardError(None, res, "evaluator returned no score")
+                raise _reward_error(res, "evaluator returned no score")
             return to_reward(res.score)
         out = await _maybe_await(self.scorer(query.text, response))
         if self.batched:

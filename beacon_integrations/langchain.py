@@ -210,7 +210,8 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         return_result: return the full :class:`~beacon.result.BeaconResult` instead of the
             best ``AIMessage``.
         rate_limiter: LangChain rate limiter acquired before every model call (each retry
-            included), in addition to the model's own ``rate_limiter``.
+            included), in addition to the model's own ``rate_limiter``. Scorer calls are not
+            throttled by it, and the wait for it does not count toward ``timeout``.
         max_concurrency: model calls in flight at once for one invoke/batch (default 16; numpy
             integers accepted); ``config["max_concurrency"]`` of a call (an integer >= 1)
             overrides it, ``None`` there keeps this field.
@@ -218,7 +219,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
             is already a ``with_retry`` runnable (so retries never multiply), else the engine
             default (3 attempts, exponential backoff with jitter, retryable errors only).
         timeout: seconds allowed per model or scorer attempt (a number > 0, checked at
-            construction); ``None`` for no limit.
+            construction), not counting the wait for ``rate_limiter``; ``None`` for no limit.
         budget: per-query caps on tokens, money or wall time (stop reason ``budget``).
     """
 
@@ -314,13 +315,20 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         mc = self.max_concurrency if mc is None else positive_int(
             'config["max_concurrency"]', mc
         )
+        # The rate limiter's wait must not count toward ``timeout``. The engine's per-attempt
+        # timeout covers the whole generate call, the wait for a token included (a throttled
+        # sample timed out without the model being slow), and the engine's own ``rate_limiter``
+        # is entered around scorer calls too (they would spend the model's requests). So with
+        # a rate limiter the adapters bound the model call after its token, and the scorer
+        # call, themselves; the engine runs without a timeout of its own.
+        own_timeout = None if self.rate_limiter is None else self.timeout
         return BeaconSampler(
-            lc_generate(self.model, self.rate_limiter),
-            lc_score(self.scorer),
+            lc_generate(self.model, self.rate_limiter, own_timeout),
+            lc_score(self.scorer, own_timeout),
             self.config,
             max_concurrency=mc,
             retry=self._retry_policy(),
-            timeout=self.timeout,
+            timeout=self.timeout if self.rate_limiter is None else None,
             budget=self.budget,
         )
 

@@ -24,6 +24,7 @@ from beacon_integrations.scorers import (
 from beacon_integrations.scorers.errors import RewardRequestError
 
 SECRET = "s3cret-token-value"
+MISSING = object()  # a data element without an "index" field
 
 
 class Server:
@@ -34,6 +35,7 @@ class Server:
         self.in_flight = 0
         self.max_in_flight = 0
         self.url = ""
+        self.vllm_indices: list[Any] = []  # what /vllmidx/score answers as data[*].index
 
     def record(self, name: str, body: Any) -> int:
         self.bodies.setdefault(name, []).append(body)
@@ -107,6 +109,15 @@ def make_app(srv: Server) -> web.Application:
         data = [{"index": i, "object": "score", "score": 0.1 * len(t)} for i, t in enumerate(texts)]
         return web.json_response({"id": "x", "object": "list", "data": data[::-1]})
 
+    async def vllm_indices(request: web.Request) -> web.Response:
+        body = await request.json()
+        srv.record("vllmidx", body)
+        data = [{"object": "score", "score": 0.1 * len(t)} for t in body["text_2"]]
+        for d, idx in zip(data, srv.vllm_indices, strict=True):
+            if idx is not MISSING:
+                d["index"] = idx
+        return web.json_response({"id": "x", "object": "list", "data": data})
+
     async def conc(request: web.Request) -> web.Response:
         srv.record("conc", None)
         srv.in_flight += 1
@@ -130,7 +141,7 @@ def make_app(srv: Server) -> web.Application:
                     ("/flaky500", flaky500), ("/notfound", notfound), ("/slow", slow),
                     ("/malformed", malformed), ("/nonnumeric", nonnumeric), ("/auth", auth),
                     ("/v1/chat/completions", chat), ("/vllm/score", vllm), ("/conc", conc),
-                    ("/binary", binary)]:
+                    ("/binary", binary), ("/vllmidx/score", vllm_indices)]:
         app.router.add_post(path, h)
     return app
 
@@ -273,6 +284,28 @@ async def test_vllm_score_preset_batched_and_single(server: Server) -> None:
     async with HttpRewardScorer.vllm_score(server.url + "/vllm", "m", batched=False) as s1:
         assert await s1("query", "abcd") == pytest.approx(0.4)
     assert server.bodies["vllm"][1]["text_2"] == "abcd"
+
+
+@pytest.mark.parametrize("indices", [
+    [0, 0, 0],              # duplicates: every score would go to the first response
+    [1, 2, 3],              # 1-based
+    [0, 2, 2],
+    [2, 0, 5],
+    [0, "1", 2],            # not integers
+    [0, True, 2],
+    [0, MISSING, 2],        # one element without an index
+], ids=["dup", "one-based", "dup-last", "out-of-range", "str", "bool", "missing"])
+async def test_vllm_score_indices_must_be_a_permutation(server: Server,
+                                                        indices: list[Any]) -> None:
+    server.vllm_indices = indices
+    async with HttpRewardScorer.vllm_score(server.url + "/vllmidx", "m") as s:
+        with pytest.raises(RewardResponseError) as ei:
+            await s("query", ["a", "bbb", "cc"])
+    e = ei.value
+    shown = ["<missing>" if i is MISSING else i for i in indices]
+    assert e.path == "data.*.index" and e.value == shown and not is_retryable(e)
+    assert str(e) == (f"invalid reward response at 'data.*.index': {shown!r} "
+                      "(indices must be a permutation of 0..2 (each response exactly once))")
 
 
 async def test_connection_limit_is_honoured(server: Server) -> None:

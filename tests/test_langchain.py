@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -384,6 +385,35 @@ def test_rate_limiter_is_acquired_before_every_model_call() -> None:
     check_choice(make(rate_limiter=fast).invoke("q"), SCRIPT, CFG)
 
 
+def test_rate_limiter_wait_does_not_count_toward_the_timeout() -> None:
+    # 2 requests/s and 6 samples drawn at once: the last one waits ~2.5 s for its token, far
+    # beyond the 1 s timeout; only the model call itself is timed (the hung call 1 times out).
+    starts: list[float] = []
+
+    async def model(x: Any) -> str:
+        i = len(starts)
+        starts.append(time.perf_counter())
+        if i == 1:
+            await asyncio.sleep(30)
+        return f"t {i}"
+
+    lim = InMemoryRateLimiter(requests_per_second=2, check_every_n_seconds=0.01,
+                              max_bucket_size=1)
+    r = BeaconRunnable(model=RunnableLambda(model), scorer=lambda p, t: float(t.split()[1]),
+                       config=BeaconConfig(cost=0.001, horizon=6, batch_size=6),
+                       rate_limiter=lim, timeout=1.0, retry=RetryPolicy.none(),
+                       return_result=True)
+    t0 = time.perf_counter()
+    res = r.invoke("q")
+    assert time.perf_counter() - t0 < 10
+    failed = [c for c in res.candidates if c.failed]
+    assert [c.index for c in failed] == [1]
+    assert failed[0].error == "TimeoutError: model call timed out after 1 s"
+    assert len(res.scored) == 6 and res.stop_reason == "horizon"
+    gaps = np.diff(starts)  # the rate holds: model calls start >= 0.5 s apart
+    assert len(starts) == 7 and gaps.min() >= 0.45, gaps
+
+
 def test_model_with_retry_handles_its_own_failures_without_engine_retries() -> None:
     model = ScriptedChatModel(script=SCRIPT, fail={0: ValueError("flaky"), 2: ValueError("x")})
     retrying = model.with_retry(stop_after_attempt=3, wait_exponential_jitter=False,
@@ -484,6 +514,29 @@ def test_prior_and_transform_flow_through() -> None:
     assert dec and any(t.mu < 0 for t in dec)  # logit of rewards < 0.5 is negative
 
 
+def _bool_scorer(kind: str) -> Any:
+    if kind == "bool":
+        return lambda p, t: t == "d"
+    if kind == "np.bool_":
+        return lambda p, t: np.bool_(t == "d")
+    return BatchScorer(lambda p, ts: np.array([t == "d" for t in ts]))  # an np.bool_ array
+
+
+@pytest.mark.parametrize("kind", ["bool", "np.bool_", "batched np.bool_"])
+def test_bool_verifier_drives_the_bernoulli_family(kind: str) -> None:
+    # As in the engine, True/False (numpy's too) are the rewards 1.0/0.0.
+    cfg = BeaconConfig(cost=0.05, horizon=8, family="bernoulli")
+    res = make(script=["a", "b", "d", "a"], scorer=_bool_scorer(kind), config=cfg,
+               return_result=True).invoke("q")
+    assert res.n_failed == 0 and res.error is None
+    assert res.stop_reason == "absorbed" and res.n_samples == 3
+    assert [c.reward for c in res.candidates] == [0.0, 0.0, 1.0]
+    assert all(type(c.reward) is float for c in res.candidates)
+    assert res.best is not None and res.best.text == "d"
+    msg = make(script=["a", "b", "d"], scorer=lambda p, t: t == "d", config=cfg).invoke("q")
+    assert msg.content == "d" and msg.response_metadata["beacon"]["reward"] == 1.0
+
+
 def test_bernoulli_family_stops_at_the_first_success() -> None:
     cfg = BeaconConfig(cost=0.05, horizon=8, family="bernoulli")
     r = make(script=["a", "b", "d", "a"], scorer=lambda p, t: float(t == "d"), config=cfg,
@@ -555,9 +608,33 @@ def test_reward_coercion_of_scorer_outputs() -> None:
     assert to_reward(" 0.5\n") == 0.5
     assert to_reward(AIMessage(content="7")) == 7.0
     assert to_reward({"score": 3}) == 3.0 and to_reward({"reward": -1.5}) == -1.5
-    for bad in (True, "high", float("nan"), None, [1.0]):
+    for bad in ("high", float("nan"), None, [1.0], 10**400):
         with pytest.raises(beacon.RewardError):
             to_reward(bad, 4)
+
+
+def test_bools_are_rewards_and_errors_name_no_missing_position() -> None:
+    from beacon_integrations._adapt import to_reward, to_rewards
+
+    assert to_reward(True) == 1.0 and to_reward(False) == 0.0
+    assert to_reward(np.bool_(True)) == 1.0 and to_reward(np.False_) == 0.0
+    assert to_reward({"score": True}) == 1.0
+    assert to_rewards(np.array([True, False]), 2) == [1.0, 0.0]
+    with pytest.raises(beacon.RewardError) as ei:
+        to_reward("high")
+    assert str(ei.value) == "invalid reward: 'high' (scorer returned a non-numeric string)"
+    assert ei.value.position is None and ei.value.value == "high"
+    with pytest.raises(beacon.RewardError, match=r"^invalid reward: None \(scorer must return"):
+        to_reward(None)
+    with pytest.raises(beacon.RewardError, match=r"^invalid reward at position 4: \[1\.0\]"):
+        to_reward([1.0], 4)
+    with pytest.raises(beacon.RewardError) as ei:
+        to_rewards([0.5, "x"], 2)
+    assert str(ei.value).startswith("invalid reward for response 1 of the batch: 'x'")
+    res = make(scorer=lambda p, t: None, config=CFG.replace(max_failures=0),
+               return_result=True).invoke("q")
+    assert res.error is not None and "position" not in res.error
+    assert res.error.startswith("RewardError: invalid reward: None (")
 
 
 # -- input and argument validation ----------------------------------------------------------------

@@ -329,6 +329,32 @@ def test_bernoulli_family_absorbs_at_first_success() -> None:
     assert resp.response == "d" and md["stop_reason"] == "absorbed" and md["n_samples"] == 4
 
 
+@pytest.mark.parametrize("kind", ["bool", "np.bool_", "batched np.bool_"])
+def test_bool_checker_drives_the_bernoulli_family(kind: str) -> None:
+    # As in the engine, True/False (numpy's too) are the rewards 1.0/0.0.
+    scorers = {
+        "bool": lambda q, r: r == "d",
+        "np.bool_": lambda q, r: np.bool_(r == "d"),
+        "batched np.bool_": BatchScorer(lambda q, rs: np.array([r == "d" for r in rs])),
+    }
+    cfg = BeaconConfig(cost=0.05, horizon=8, family="bernoulli")
+    qe = BeaconQueryEngine(scorers[kind], cfg, llm=ScriptedLLM(script=SCRIPT))
+    resp = qe.query("q")
+    md = resp.metadata or {}
+    assert md["error"] is None and md["stop_reason"] == "absorbed"
+    assert resp.response == "d" and md["n_samples"] == 4
+    assert md["rewards"] == [0.0, 0.0, 0.0, 1.0] and md["best_reward"] == 1.0
+
+
+def test_invalid_reward_error_names_no_missing_position() -> None:
+    qe = BeaconQueryEngine(lambda q, r: "high", CFG.replace(max_failures=0),
+                           llm=ScriptedLLM(script=SCRIPT))
+    with pytest.raises(BeaconSamplingError) as ei:
+        qe.query("q")
+    err = ei.value.result.error or ""
+    assert err == "RewardError: invalid reward: 'high' (scorer returned a non-numeric string)"
+
+
 # -- template, scorer-output and query validation --------------------------------------------------
 
 

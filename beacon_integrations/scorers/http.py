@@ -223,12 +223,29 @@ def number_in_text(path: str) -> Callable[[Any], float]:
 
 
 def _vllm_batch_scores(doc: Any) -> list[float]:
+    """The scores of a vLLM ``/score`` answer, in the order of the request's responses.
+
+    Each ``data`` element's ``index`` says which response it scores; the indices must be
+    exactly a permutation of ``0..len(data)-1`` (every response once), else a
+    :class:`RewardResponseError` naming ``data.*.index`` and the indices: a duplicate or a
+    1-based index would otherwise give a score to the wrong response. A ``data`` list with no
+    ``index`` at all is taken in list order.
+    """
     data = extract_path(doc, "data")
     if not isinstance(data, list):
         raise RewardResponseError("data", data, "expected a list")
     items = list(enumerate(data))
-    if all(isinstance(d, Mapping) and isinstance(d.get("index"), int) for d in data):
-        items = sorted(((d["index"], d) for d in data), key=lambda t: t[0])
+    if any(isinstance(d, Mapping) and "index" in d for d in data):
+        indices: list[Any] = [
+            d.get("index", "<missing>") if isinstance(d, Mapping) else "<missing>" for d in data
+        ]
+        n = len(data)
+        if not all(type(i) is int for i in indices) or sorted(indices) != list(range(n)):
+            raise RewardResponseError(
+                "data.*.index", indices,
+                f"indices must be a permutation of 0..{n - 1} (each response exactly once)",
+            )
+        items = sorted(zip(indices, data, strict=True), key=lambda t: t[0])
     return [_as_score(extract_path(d, "score"), f"data.{i}.score") for i, d in items]
 
 
@@ -356,7 +373,9 @@ class HttpRewardScorer:
         Assumed shape: POST ``{base_url}/score`` with ``{"model": model, "text_1": prompt,
         "text_2": response}`` (batched: ``"text_2": [responses]``) answering ``{"data":
         [{"index": i, "score": s}, ...]}``; scores are read from ``data.0.score`` (batched:
-        every ``data[*].score``, ordered by ``index``). The prompt should be a string.
+        every ``data[*].score``, ordered by ``index``; indices that are not exactly a
+        permutation of ``0..n-1`` -- a duplicate, a 1-based index -- are a
+        :class:`RewardResponseError` naming ``data.*.index``). The prompt should be a string.
         """
         return cls(
             base_url.rstrip("/") + path,
