@@ -410,8 +410,10 @@ def test_rate_limiter_wait_does_not_count_toward_the_timeout() -> None:
     assert [c.index for c in failed] == [1]
     assert failed[0].error == "TimeoutError: model call timed out after 1 s"
     assert len(res.scored) == 6 and res.stop_reason == "horizon"
-    gaps = np.diff(starts)  # the rate holds: model calls start >= 0.5 s apart
-    assert len(starts) == 7 and gaps.min() >= 0.45, gaps
+    # The rate holds: 7 model calls span >= 6 token intervals of 0.5 s, and no two start close
+    # together (per-gap slack for the varying overhead between the token and the call).
+    gaps = np.diff(starts)
+    assert len(starts) == 7 and starts[-1] - starts[0] >= 2.9 and gaps.min() >= 0.35, gaps
 
 
 def test_model_with_retry_handles_its_own_failures_without_engine_retries() -> None:
