@@ -16,18 +16,20 @@ called with, and the framework context of this one query. ``BeaconResult.prompt`
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
-import math
-import numbers
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
-
-from beacon.engine.protocol import Generation, batch_rewards, coerce_generation, is_batched
+from beacon.engine.calls import within
+from beacon.engine.protocol import (
+    Generation,
+    as_reward,
+    batch_rewards,
+    coerce_generation,
+    is_batched,
+)
 from beacon.errors import BeaconError, ConfigError, RewardError
 from beacon.result import BeaconResult
 
@@ -93,20 +95,10 @@ def _to_reward(value: Any, position: Any, where: str) -> float:
             raise _reward_error(
                 raw, "scorer returned a non-numeric string", position, where
             ) from exc
-    # As the engine (beacon.engine.query): a verifier's True/False (numpy's too) is 1.0/0.0.
-    if isinstance(value, bool | np.bool_):
-        return 1.0 if value else 0.0
-    if not isinstance(value, numbers.Real):
-        raise _reward_error(
-            raw, "scorer must return a real number (or a bool)", position, where
-        )
-    try:
-        x = float(value)
-    except OverflowError:  # an int beyond the float range
-        x = math.inf
-    if not math.isfinite(x):
-        raise _reward_error(raw, "reward must be finite", position, where)
-    return x
+    try:  # the engine's rule: a real number, or a bool as 1.0 / 0.0 (a verifier's verdict)
+        return as_reward(value, position)
+    except RewardError as exc:
+        raise _reward_error(raw, exc.reason, position, where) from None
 
 
 def to_reward(value: Any, position: Any = None) -> float:
@@ -134,27 +126,6 @@ def to_rewards(values: Any, n: int) -> list[float]:
         _to_reward(v, None, f"response {i} of the batch")
         for i, v in enumerate(batch_rewards(values, n))
     ]
-
-
-_T = TypeVar("_T")
-
-
-async def _timed(what: str, timeout: float | None, aw: Awaitable[_T]) -> _T:
-    """``await aw`` within ``timeout`` seconds (``None``: no limit), as the engine bounds a call.
-
-    An expired limit is a ``TimeoutError`` saying which call and how long; a ``TimeoutError``
-    raised by the call itself is kept as it is.
-    """
-    if timeout is None:
-        return await aw
-    cm = asyncio.timeout(timeout)
-    try:
-        async with cm:
-            return await aw
-    except TimeoutError as exc:
-        if not cm.expired():
-            raise
-        raise TimeoutError(f"{what} call timed out after {timeout:g} s") from exc
 
 
 async def _maybe_await(v: Any) -> Any:
@@ -301,8 +272,8 @@ def lc_generate(
     async def generate(query: LCQuery) -> Generation:
         if rate_limiter is not None:
             await rate_limiter.aacquire(blocking=True)
-        out = await _timed(
-            "model", timeout, model.ainvoke(query.model_input, config=query.config)
+        out = await within(
+            timeout, model.ainvoke(query.model_input, config=query.config), "model"
         )
         return coerce_generation(out)
 
@@ -355,13 +326,13 @@ class _LCScore:
 
     async def __call__(self, query: LCQuery, response: Any) -> Any:
         if self.batched:
-            out = await _timed("scorer", self.timeout, self.runnable.ainvoke(
+            out = await within(self.timeout, self.runnable.ainvoke(
                 {"prompt": query.text, "responses": list(response)}, config=query.config
-            ))
+            ), "scorer")
             return to_rewards(out, len(response))
-        out = await _timed("scorer", self.timeout, self.runnable.ainvoke(
+        out = await within(self.timeout, self.runnable.ainvoke(
             {"prompt": query.text, "response": response}, config=query.config
-        ))
+        ), "scorer")
         return to_reward(out)
 
 

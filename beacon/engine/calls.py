@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from beacon.result import Usage
 from beacon.retry import RetryPolicy
 
-__all__ = ["CallCancelledError", "CallGuard", "guarded_call"]
+__all__ = ["CallCancelledError", "CallGuard", "guarded_call", "within"]
 
 T = TypeVar("T")
 
@@ -115,16 +115,28 @@ async def _attempt(
 async def _timed(
     timeout: float | None, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], model: bool
 ) -> T:
+    call = _own_cancel_is_error(fn, args, model)
+    if timeout is None:  # the common case: no extra coroutine frame per call
+        return await call
+    return await within(timeout, call, "model" if model else "scorer")
+
+
+async def within(timeout: float | None, aw: Awaitable[T], what: str) -> T:
+    """``await aw`` within ``timeout`` seconds (``None``: no limit).
+
+    An expired limit is a ``TimeoutError`` saying which call (``what``) and how long; a
+    ``TimeoutError`` raised by the call itself is kept as it is. (The adapters use it to bound
+    a call the same way where the engine cannot, e.g. after a framework's rate limiter.)
+    """
     if timeout is None:
-        return await _own_cancel_is_error(fn, args, model)
+        return await aw
     cm = asyncio.timeout(timeout)
     try:
         async with cm:
-            return await _own_cancel_is_error(fn, args, model)
+            return await aw
     except TimeoutError as exc:
         if not cm.expired():  # the callee's own TimeoutError: keep it as it is
             raise
-        what = "model" if model else "scorer"
         raise TimeoutError(f"{what} call timed out after {timeout:g} s") from exc
 
 

@@ -20,19 +20,23 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import numbers
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from beacon._checks import is_integer, is_real
 from beacon._sync import call_in_thread
-from beacon.errors import ConfigError
+from beacon.errors import ConfigError, RewardError
 
 __all__ = [
     "BatchScorer",
     "GenerateFn",
     "Generation",
     "ScoreFn",
+    "as_reward",
     "batch_rewards",
     "coerce_generation",
     "is_batched",
@@ -212,6 +216,29 @@ def _is_async_callable(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - instances with an async __call__
     )
+
+
+def as_reward(r: Any, position: Any) -> float:
+    """A scorer's number as a finite float reward (``position``: the sample's, for errors).
+
+    A real number (numpy's too; an int beyond the float range is infinite), or a bool --
+    ``numpy.bool_`` included -- as 1.0 / 0.0 (a verifier's verdict). Anything else, and a
+    non-finite value, is a :class:`beacon.RewardError` naming ``position``.
+    """
+    if type(r) is float:
+        if math.isfinite(r):
+            return r
+        raise RewardError(position, r, "reward must be finite")
+    # numpy booleans are not numbers.Real, but a verifier returning np.True_ means 1
+    if not isinstance(r, numbers.Real | np.bool_):
+        raise RewardError(position, r, "scorer must return a real number")
+    try:
+        x = float(r)
+    except OverflowError:  # an int beyond the float range
+        x = math.inf
+    if not math.isfinite(x):
+        raise RewardError(position, r, "reward must be finite")
+    return x
 
 
 def batch_rewards(out: Any, n: int) -> list[Any]:

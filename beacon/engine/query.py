@@ -16,19 +16,15 @@ with ``error``; the result keeps every candidate observed so far.
 from __future__ import annotations
 
 import asyncio
-import math
-import numbers
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine.calls import CallGuard, guarded_call
-from beacon.engine.protocol import GenerateFn, ScoreFn
+from beacon.engine.protocol import GenerateFn, ScoreFn, as_reward
 from beacon.errors import RewardError
 from beacon.events import DecisionEvent, Observer, SampleEvent, emit
 from beacon.result import BeaconResult, Candidate, Usage
@@ -254,7 +250,7 @@ class QueryRun:
                 rewards = await guarded_call(
                     ctx.score_guard, ctx.score, (self.prompt, [gen.text]), cand.usage, model=False
                 )
-                cand.reward = _as_reward(rewards[0], cand.index)
+                cand.reward = as_reward(rewards[0], cand.index)
         except Exception as exc:
             cand.failed, cand.error = True, _err(exc)
         finally:
@@ -282,7 +278,7 @@ class QueryRun:
             rewards = call.result()
             for c, r in zip(ok, rewards, strict=True):
                 try:
-                    c.reward = _as_reward(r, c.index)
+                    c.reward = as_reward(r, c.index)
                 except RewardError as exc:
                     c.failed, c.error = True, _err(exc)
         except _StopQuery:
@@ -334,20 +330,3 @@ class QueryRun:
         if self.observers:
             for rec in new:
                 await emit(self.observers, DecisionEvent.from_record(rec, self.query_id))
-
-
-def _as_reward(r: Any, position: int) -> float:
-    if type(r) is float:
-        if math.isfinite(r):
-            return r
-        raise RewardError(position, r, "reward must be finite")
-    # numpy booleans are not numbers.Real, but a verifier returning np.True_ means 1
-    if not isinstance(r, numbers.Real | np.bool_):
-        raise RewardError(position, r, "scorer must return a real number")
-    try:
-        x = float(r)
-    except OverflowError:  # an int beyond the float range
-        x = math.inf
-    if not math.isfinite(x):
-        raise RewardError(position, r, "reward must be finite")
-    return x

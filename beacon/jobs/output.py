@@ -42,24 +42,19 @@ def _sanitize(obj: Any) -> Any:
     return obj
 
 
-def dumps_record(record: Mapping[str, Any]) -> str:
+def dumps_record(record: Mapping[str, Any], *, ensure_ascii: bool = False) -> str:
     """One JSONL line (without newline): compact, UTF-8 kept, non-finite floats as null.
 
-    Text with no UTF-8 form (a lone surrogate, e.g. the raw text of an input line with
-    undecodable bytes, echoed in its error line) is written ``\\u``-escaped instead, so the
-    line is still valid JSON and the file valid UTF-8.
+    ``ensure_ascii`` writes non-ASCII text ``\\u``-escaped: the form for text that has no
+    UTF-8 encoding (a lone surrogate, e.g. the raw text of an input line with undecodable
+    bytes, echoed in its error line), so that the line is still valid JSON in a UTF-8 file.
     """
-    obj: Any = record
     try:
-        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return json.dumps(record, ensure_ascii=ensure_ascii, allow_nan=False,
+                          separators=(",", ":"))
     except ValueError:
-        obj = _sanitize(record)
-        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-    return text
+        return json.dumps(_sanitize(record), ensure_ascii=ensure_ascii, allow_nan=False,
+                          separators=(",", ":"))
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -159,7 +154,10 @@ class KeyedJsonlWriter:
             raise OutputError(f"record has no string {self.key_field!r}: {str(record)[:200]}")
         if key in self._keys:
             return False
-        data = (dumps_record(record) + "\n").encode("utf-8")
+        try:
+            data = (dumps_record(record) + "\n").encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: write that record \u-escaped
+            data = (dumps_record(record, ensure_ascii=True) + "\n").encode("ascii")
         view = memoryview(data)
         while view:
             n = os.write(self._fd, view)
