@@ -22,7 +22,7 @@ from beacon.config import BeaconConfig
 from beacon.errors import RewardError
 from beacon.families.bernoulli import reservation_cost
 from beacon.families.judge import WIN_THRESHOLD
-from beacon.families.normal import _TOO_LARGE, MAX_ABS_REWARD, predictive_quantile
+from beacon.families.normal import MAX_ABS_REWARD, TOO_LARGE_MESSAGE, predictive_quantile
 from beacon.priors import BetaPrior, NIGPrior
 from beacon.stopper import Draw, Stopper
 
@@ -60,7 +60,15 @@ class ReplayResult:
 
 def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
     try:
-        x = np.asarray(rewards, dtype=np.float64)
+        given = np.asarray(rewards)
+        # numpy would parse "0.5" and drop an imaginary part; the Stopper refuses both
+        if given.dtype.kind not in "biufO":
+            raise TypeError(f"elements of dtype {given.dtype} are not real numbers")
+        if given.dtype.kind == "O":
+            for v in given.flat:
+                if isinstance(v, str | bytes | complex):
+                    raise TypeError(f"element {v!r} is not a real number")
+        x = np.asarray(given, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise RewardError("rewards", "<array>", f"must be a numeric 2-D array ({exc})") from exc
     if x.ndim == 1:
@@ -71,6 +79,8 @@ def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
     if bad.any():
         r, c = (int(v) for v in np.argwhere(bad)[0])
         raise RewardError((r, c), float(x[r, c]), "rewards must be finite (NaN marks missing)")
+    if x.shape[1] == 0:  # no samples logged at all: the same as one missing sample per prompt
+        return np.full((x.shape[0], 1), np.nan)
     return np.ascontiguousarray(x)
 
 
@@ -90,7 +100,7 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
             big = np.abs(x) > MAX_ABS_REWARD
         if big.any():
             r, c = (int(v) for v in np.argwhere(big)[0])
-            raise RewardError((r, c), float(x[r, c]), _TOO_LARGE)
+            raise RewardError((r, c), float(x[r, c]), TOO_LARGE_MESSAGE)
         from beacon._kernels.replay import replay_normal
         from beacon.index import get_table
 

@@ -81,10 +81,15 @@ class TraceRecord(NamedTuple):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TraceRecord:
-        floats = ("z", "mu", "sigma", "zhat", "h", "threshold")
+        """Inverse of :meth:`to_dict`. ``z`` (the best reward so far) is finite once a reward
+        was observed and ``-inf`` before, so its ``None`` is read back as ``-inf``; the other
+        floats' ``None`` is NaN ("not defined")."""
+        floats = ("mu", "sigma", "zhat", "h", "threshold")
         kw: dict[str, Any] = {
             k: (math.nan if k in floats and v is None else v) for k, v in data.items()
         }
+        if kw.get("z", 0.0) is None:
+            kw["z"] = -math.inf
         return cls(**kw)
 
 

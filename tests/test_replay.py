@@ -149,3 +149,31 @@ def test_judge_replay_equals_stopper() -> None:
         np.testing.assert_array_equal(fast.truncated, slow.truncated)
         assert list(fast.stop_reason) == list(slow.stop_reason)
         assert "absorbed" in set(fast.stop_reason) and len(set(fast.stop_reason)) >= 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.ones((2, 8), dtype=complex),
+        [["0.5"] * 8],
+        np.array([[0.5] * 7 + ["0.5"]], dtype=object),
+        np.array([[0.5] * 7 + [1 + 0j]], dtype=object),
+        np.zeros((2, 8), dtype="datetime64[s]"),
+    ],
+)
+@pytest.mark.parametrize("family", ["normal", "bernoulli"])
+def test_non_real_rewards_are_refused_like_the_stopper(bad: object, family: str) -> None:
+    # numpy would silently parse strings and drop imaginary parts; the Stopper refuses both
+    with pytest.raises(RewardError, match="numeric 2-D array"):
+        beacon.replay(bad, BeaconConfig(horizon=8, family=family))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("family", ["normal", "bernoulli"])
+def test_prompts_with_no_logged_samples(family: str) -> None:
+    cfg = BeaconConfig(cost=0.1, horizon=8, family=family)
+    none = beacon.replay(np.zeros((3, 0)), cfg)
+    missing = beacon.replay(np.full((3, 8), np.nan), cfg)
+    assert none.n_samples.tolist() == missing.n_samples.tolist() == [0, 0, 0]
+    assert none.chosen.tolist() == [-1, -1, -1]
+    assert none.truncated.all() and np.isnan(none.best_reward).all()
+    assert list(none.stop_reason) == list(missing.stop_reason)

@@ -58,6 +58,9 @@ def test_json_round_trip() -> None:
     text = json.dumps(d, allow_nan=False)
     back = BeaconResult.from_dict(json.loads(text))
     assert back.to_dict() == d
+    # the records themselves come back: z before any reward is -inf, undefined floats NaN
+    assert back.trace[0].z == -math.inf and math.isnan(back.trace[0].sigma)
+    assert back.trace[1] == trace[1]
     assert back.best is not None and back.best.index == 2
     assert back.trace[0].k == 0 and math.isnan(back.trace[0].sigma)
     assert back.trace[1].reason == "index" and back.usage.cost == 0.25

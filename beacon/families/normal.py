@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ABS_REWARD",
     "SIGMA_FLOOR",
+    "TOO_LARGE_MESSAGE",
     "NormalFamily",
     "NormalState",
     "h_index_function",
@@ -62,7 +63,7 @@ __all__ = [
 
 SIGMA_FLOOR = 1e-6
 MAX_ABS_REWARD = 1e140
-_TOO_LARGE = (
+TOO_LARGE_MESSAGE = (  # shared with the vectorised replay's check
     f"|reward| above {MAX_ABS_REWARD:g} overflows the normal model's statistics; rescale the"
     " rewards"
 )
@@ -203,7 +204,7 @@ def _make_update(robust: bool, q: float) -> Callable[[NormalState, float], tuple
     def update(s: NormalState, reward: float) -> tuple[Any, ...]:
         k, z, mu, nu, alpha, beta, k0, sigma = s
         if not -MAX_ABS_REWARD <= reward <= MAX_ABS_REWARD:
-            raise RewardError(k, reward, _TOO_LARGE)
+            raise RewardError(k, reward, TOO_LARGE_MESSAGE)
         r_model = reward
         if robust and k >= k0 and alpha > 0 and nu > 0:
             tq = t_quantile.get(alpha)
