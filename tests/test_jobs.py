@@ -340,8 +340,9 @@ def test_text_with_no_utf8_form_fails_its_line_not_the_job(tmp_path: Path) -> No
     assert rows[1]["ok"] and rows[4]["ok"]
     assert rows[2]["error"]["field"] == "prompt" and "lone surrogate" in rows[2]["error"]["message"]
     assert rows[3]["error"]["field"] == "line" and rows[3]["error"]["value"] == "\udcff garbage"
-    again = run_job(prompts, _spec(), out, retry_failed=False)  # keys are stable: all skipped
-    assert again.progress.done == 0 and again.progress.skipped == 4
+    again = run_job(prompts, _spec(), out, retry_failed=False)  # keys are stable: none rerun
+    assert again.progress.done == 0 and again.progress.skipped == 2
+    assert again.progress.kept_failed == 2 and again.exit_code == 1
     records = [{"id": "x", "prompt": "a\ud800b"}, {"id": "y", "prompt": "ok"}]
     s2 = run_job(records, _spec(), tmp_path / "out2.jsonl")
     assert s2.progress.done == 1 and s2.progress.failed == 1
@@ -526,11 +527,166 @@ def test_failed_prompts_are_retried_on_rerun_without_duplicates(
                for r in read_jsonl(out))
     monkeypatch.setenv(_FLAKY_FLAG, "0")
     kept = run_job(prompts, spec, out, retry_failed=False)
-    assert kept.progress.skipped == 8 and kept.progress.done == 0
+    assert kept.progress.kept_failed == 8 and kept.progress.skipped == 0
+    assert kept.progress.done == 0 and kept.exit_code == 1
     s2 = run_job(prompts, spec, out)
     assert s2.progress.retried_failed == 8 and s2.progress.done == 8
     rows = list(read_jsonl(out))
     assert len(rows) == 8 and all(r["ok"] for r in rows)
+
+
+def _pair_keys(out: Path) -> set[str]:
+    """Keys of the ok lines whose rewards give a DPO pair (two scored rewards that differ)."""
+    keys = set()
+    for r in read_jsonl(out):
+        vals = [x for x in r.get("rewards") or [] if x is not None]
+        if r["ok"] and len(vals) >= 2 and max(vals) > min(vals):
+            keys.add(r["key"])
+    return keys
+
+
+def test_dpo_pairs_for_prompts_finished_by_an_earlier_run_without_dpo(tmp_path: Path) -> None:
+    prompts = _write_prompts(tmp_path / "p.jsonl", 12)
+    ref_out, ref_dpo = tmp_path / "ref.jsonl", tmp_path / "ref_dpo.jsonl"
+    run_job(prompts, _spec(), ref_out, dpo=ref_dpo)
+    want = {p["key"]: p for p in read_jsonl(ref_dpo)}
+    assert want and set(want) == _pair_keys(ref_out)
+    # 1. The earlier run kept its candidates: the pairs are rebuilt without a model call.
+    kept = JobSpec(_spec().generator, _spec().scorer, _spec().config, keep_candidates=True)
+    out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
+    run_job(prompts, kept, out)
+    s = run_job(prompts, _spec(), out, dpo=dpo)
+    assert {p["key"]: p for p in read_jsonl(dpo)} == want
+    assert (s.progress.dpo_rebuilt, s.progress.skipped, s.progress.samples) == (len(want), 12, 0)
+    # 2. No candidates: the rejected response was never saved, so those prompts run again and
+    # their pair and output line come from the same draw.
+    out2, dpo2 = tmp_path / "out2.jsonl", tmp_path / "dpo2.jsonl"
+    run_job(prompts, _spec(), out2)
+    s2 = run_job(prompts, _spec(), out2, dpo=dpo2)
+    assert s2.progress.dpo_rerun == len(want) == s2.progress.done
+    assert s2.progress.skipped == 12 - len(want) and s2.exit_code == 0
+    rows = {r["key"]: r for r in read_jsonl(out2)}
+    pairs = list(read_jsonl(dpo2))
+    assert len(rows) == 12 and max(_keys_once(out2).values()) == 1
+    assert {p["key"] for p in pairs} == _pair_keys(out2) == set(want)
+    assert all(p["chosen"] == rows[p["key"]]["best"] for p in pairs)
+    # 3. Idempotent: a rerun writes nothing and runs nothing.
+    before = (out2.read_bytes(), dpo2.read_bytes())
+    s3 = run_job(prompts, _spec(), out2, dpo=dpo2)
+    assert (s3.progress.skipped, s3.progress.done, s3.progress.dpo_rerun) == (12, 0, 0)
+    assert (out2.read_bytes(), dpo2.read_bytes()) == before
+
+
+def test_dpo_pair_left_without_its_output_line_is_replaced_by_the_rerun(tmp_path: Path) -> None:
+    prompts = _write_prompts(tmp_path / "p.jsonl", 8)
+    out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
+    run_job(prompts, _spec(), out, dpo=dpo)
+    pairs = list(read_jsonl(dpo))
+    # An interruption between the DPO write and the output write: a pair (from a draw whose
+    # result was never saved) and no output line.
+    orphan = pairs[0]["key"]
+    out.write_text("".join(json.dumps(r) + "\n" for r in read_jsonl(out) if r["key"] != orphan))
+    dpo.write_text("".join(json.dumps({**p, "chosen": "stale"} if p["key"] == orphan else p)
+                           + "\n" for p in pairs))
+    s = run_job(prompts, _spec(), out, dpo=dpo)
+    assert s.progress.done == 1 and s.progress.skipped == 7
+    got = {p["key"]: p for p in read_jsonl(dpo)}
+    assert max(_keys_once(dpo).values()) == 1 and set(got) == {p["key"] for p in pairs}
+    line = next(r for r in read_jsonl(out) if r["key"] == orphan)
+    assert got[orphan]["chosen"] == line["best"] != "stale"
+
+
+def test_kept_failed_lines_are_counted_and_fail_the_exit_code(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+
+    prompts = _write_prompts(tmp_path / "p.jsonl", 3, ["{not json", json.dumps({"id": 9})])
+    out = tmp_path / "out.jsonl"
+    first = run_job(prompts, _spec(), out)
+    assert first.progress.failed == 2 and first.exit_code == 1
+    kept = run_job(prompts, _spec(), out, retry_failed=False)
+    assert (kept.progress.skipped, kept.progress.kept_failed, kept.progress.failed) == (3, 2, 0)
+    assert kept.exit_code == 1 and kept.to_dict()["kept_failed"] == 2
+    args = ["run", str(prompts), "-g", "beacon.demo:generator", "-s", "beacon.demo:scorer",
+            "--generator-kwargs", '{"seed": 1}', "--scorer-kwargs", '{"seed": 1}', "--cost",
+            "0.05", "--horizon", "16", "--out", str(out), "--no-retry-failed"]
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 1, res.output
+    summary = json.loads(res.stdout)
+    assert (summary["kept_failed"], summary["skipped"], summary["failed"]) == (2, 3, 0)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1 and "2 failed earlier and kept" in res.stdout, res.output
+
+
+def test_repeated_lines_count_as_duplicates_and_bad_line_lists_every_line(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    lines = [{"id": 0, "prompt": "a"}, {"id": 1, "prompt": "b"}, "{broken",
+             {"id": 0, "prompt": "a"}, "{broken", {"id": 2, "prompt": "c"}, "{broken"]
+    prompts.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n"
+                               for x in lines))
+    out = tmp_path / "out.jsonl"
+    # One prompt at a time: "a" has finished when its repeat on line 4 is read.
+    s = run_job(prompts, _spec(), out, concurrency=1)
+    p = s.progress
+    assert (p.done, p.failed, p.duplicates, p.skipped) == (3, 1, 3, 0)
+    assert p.processed == p.total == 7
+    bad = [r for r in read_jsonl(out) if not r["ok"]]
+    assert len(bad) == 1 and bad[0]["line"] == 3 and bad[0]["lines"] == [3, 5, 7]
+    assert "on lines 3, 5, 7" in bad[0]["error"]["message"]
+    assert max(_keys_once(out).values()) == 1
+    # A rerun retries the bad line (same key, same record) and counts the repeats the same way.
+    again = run_job(prompts, _spec(), out, concurrency=1)
+    q = again.progress
+    assert (q.skipped, q.failed, q.duplicates, q.retried_failed) == (3, 1, 3, 1)
+    assert [r["lines"] for r in read_jsonl(out) if not r["ok"]] == [[3, 5, 7]]
+    # Keys of good prompts are those of earlier versions (their outputs stay resumable).
+    assert prompt_key(PromptRecord(0, "a"), _spec()) == "bdd7100cfcacc917965875a45cab6e15"
+
+
+def test_rerun_retries_only_this_jobs_failed_lines(tmp_path: Path) -> None:
+    job_a = _write_prompts(tmp_path / "a.jsonl", 3, ["{not json"])
+    out = tmp_path / "out.jsonl"
+    run_job(job_a, _spec(), out)
+    a_failed = [r for r in read_jsonl(out) if not r["ok"]]
+    assert len(a_failed) == 1
+    # Job B into the same output (given as a one-shot generator): A's failed line stays.
+    recs = [{"id": f"b{i}", "prompt": f"other {i}"} for i in range(3)] + [{"id": "b-bad"}]
+    s = run_job((r for r in recs), _spec(), out)
+    assert s.progress.retried_failed == 0 and s.progress.failed == 1 and s.progress.done == 3
+    rows = list(read_jsonl(out))
+    assert a_failed[0] in rows and len(rows) == 8
+    # B again (one-shot input): only B's failed line is retried; A's is still there.
+    s = run_job((r for r in recs), _spec(), out)
+    assert (s.progress.retried_failed, s.progress.failed, s.progress.skipped) == (1, 1, 3)
+    assert s.progress.total == 4 and a_failed[0] in list(read_jsonl(out))
+    # A again: its own failed line is retried.
+    s = run_job(job_a, _spec(), out)
+    assert (s.progress.retried_failed, s.progress.skipped) == (1, 3)
+    assert len(list(read_jsonl(out))) == 8 and max(_keys_once(out).values()) == 1
+
+
+def test_progress_callback_error_loses_no_result(tmp_path: Path) -> None:
+    prompts = _write_prompts(tmp_path / "p.jsonl", 12)
+    out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
+    boom = RuntimeError("bug in the progress bar")
+    calls: list[JobProgress] = []
+
+    def progress(p: JobProgress) -> None:
+        calls.append(p)
+        if p.in_flight == 4 and p.done == 0:
+            raise boom
+
+    with pytest.raises(RuntimeError) as e:
+        run_job(prompts, _spec(), out, dpo=dpo, concurrency=4, progress=progress)
+    # The four prompts in flight finished and were written; nothing else started.
+    rows = list(read_jsonl(out)) if out.exists() else []
+    assert len(rows) == 4 and all(r["ok"] for r in rows)
+    assert e.value is boom and "rerun to resume" in "".join(getattr(e.value, "__notes__", []))
+    assert len(calls) == 4  # never called again once it raised
+    assert {p["key"] for p in read_jsonl(dpo)} == _pair_keys(out)
+    s = run_job(prompts, _spec(), out, dpo=dpo)
+    assert s.progress.skipped == 4 and s.progress.done == 8 and s.exit_code == 0
 
 
 # -- CLI (subprocesses: real Ctrl-C and SIGKILL) ---------------------------------------------

@@ -203,6 +203,59 @@ def test_submit_checks_every_argument_before_creating_the_job(tier: SimpleNamesp
     assert e.value.field == "items[1]"
 
 
+def test_submit_counts_repeated_lines_and_a_bad_line_lists_every_line(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "a"}\n{broken\n{"id": 1, "prompt": "a"}\n'
+                       '{"id": 2, "prompt": "b"}\n{broken\n')
+    res = tier.submit(iter_prompt_file(prompts), spec, job_id=f"{PREFIX}-repeats",
+                      store=tier.store, queue=f"{PREFIX}-nobody-listens")
+    errors = [p["record"] for _, p in tier.store.iter_errors(res.job_id)]
+    assert len(errors) == 1 and errors[0]["line"] == 2 and errors[0].get("lines") == [2, 5]
+    assert "on lines 2, 5" in errors[0]["error"]["message"]
+    assert (res.total, res.enqueued, res.bad_lines, res.duplicates) == (3, 2, 1, 2)
+    assert res.to_dict()["duplicates"] == 2
+
+
+def test_collect_writes_pairs_of_lines_collected_earlier_and_keeps_other_jobs_lines(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    spec = JobSpec(FactorySpec("beacon.demo:generator", {"seed": 1}),
+                   FactorySpec("beacon.demo:scorer", {"seed": 1}),
+                   beacon.BeaconConfig(cost=0.05, horizon=16))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"collect {i}"}) + "\n"
+                               for i in range(10)))
+    # What the workers would have stored: the outcomes of the same job run in-process.
+    local, local_dpo = tmp_path / "local.jsonl", tmp_path / "local_dpo.jsonl"
+    run_job(prompts, spec, local, dpo=local_dpo)
+    pairs = {p["key"]: p for p in read_jsonl(local_dpo)}
+    rows = list(read_jsonl(local))
+    assert pairs and len(rows) == 10
+    job_id = f"{PREFIX}-collect-dpo"
+    tier.store.create(job_id, spec.to_dict(), source=str(prompts))
+    tier.store.add_prompts(job_id, [(r["key"], {"record": {"id": r["id"]}, "line": r["line"]})
+                                    for r in rows])
+    for r in rows:
+        tier.store.store_result(job_id, r["key"], {"record": r, "dpo": pairs.get(r["key"])})
+    out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
+    other = {"key": "f" * 32, "id": "other job", "line": 1, "ok": False,
+             "error": {"type": "NoSample", "message": "scorer down"}}
+    out.write_text(json.dumps(other) + "\n")
+    assert tier.collect(tier.store, job_id, out).written == 10  # first collect: no --dpo
+    c = tier.collect(tier.store, job_id, out, dpo=dpo)
+    assert (c.written, c.dpo_written) == (0, len(pairs))
+    assert {p["key"]: p for p in read_jsonl(dpo)} == pairs
+    before = (out.read_bytes(), dpo.read_bytes())
+    again = tier.collect(tier.store, job_id, out, dpo=dpo)
+    assert (again.written, again.dpo_written) == (0, 0)
+    assert (out.read_bytes(), dpo.read_bytes()) == before
+    assert other in list(read_jsonl(out))  # another job's failed line is left alone
+
+
 # -- a few hundred prompts, the fitted config travels, bad lines fail alone --
 def test_worker_job_matches_in_process_run(tier: SimpleNamespace, tmp_path: Path) -> None:
     from typer.testing import CliRunner

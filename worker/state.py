@@ -286,7 +286,9 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
 
     Each key is written at most once (:class:`~beacon.jobs.output.KeyedJsonlWriter`); an error
     line written by an earlier collect is replaced (atomic rewrite) once the prompt has
-    succeeded on a retry. DPO lines are written before output lines, as in the local runner.
+    succeeded on a retry; lines of other jobs in ``out`` are left alone. DPO lines are written
+    before output lines, as in the local runner, and a pair missing from ``dpo`` is written
+    even when its output line was collected earlier (e.g. by a collect without ``dpo``).
     """
     from beacon.jobs.dpo import DpoWriter
     from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
@@ -305,11 +307,12 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
         dpo_w = DpoWriter(dpo, fsync=fsync).open() if dpo is not None else None
         try:
             for key, payload in store.iter_results(job_id):
-                if key in out_w:
-                    continue
+                # The pair too when the line is already there (collected earlier without
+                # --dpo, or cut off by an interruption): the DPO writer keeps one per key.
                 if dpo_w is not None and payload.get("dpo") is not None:
                     dpo_written += int(dpo_w.write(payload["dpo"]))
-                written += int(out_w.write(payload["record"]))
+                if key not in out_w:
+                    written += int(out_w.write(payload["record"]))
             for key, payload in store.iter_errors(job_id):
                 if key not in out_w:
                     written += int(out_w.write(payload["record"]))

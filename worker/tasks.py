@@ -54,7 +54,7 @@ from beacon.jobs.execute import (
     line_error_record,
     prepare_config,
 )
-from beacon.jobs.keys import job_fingerprint, line_error_key, prompt_key
+from beacon.jobs.keys import job_fingerprint, prompt_key, record_key
 from beacon.jobs.spec import (
     FactorySpec,
     JobInputError,
@@ -357,17 +357,21 @@ def _start_sweeper(**_: Any) -> None:
 @dataclass(frozen=True)
 class SubmitResult:
     """``enqueued``: tasks sent now; ``already``: prompts with a stored outcome (not resent);
-    ``bad_lines``: input lines recorded as errors at submission; ``total``: the job's prompts."""
+    ``bad_lines``: distinct bad input lines, recorded as errors at submission (each lists every
+    line number it occurs on); ``duplicates``: input lines repeating a prompt or a bad line seen
+    earlier in the input (not sent again); ``total``: the job's prompts."""
 
     job_id: str
     total: int
     enqueued: int
     already: int
     bad_lines: int
+    duplicates: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "total": self.total, "enqueued": self.enqueued,
-                "already": self.already, "bad_lines": self.bad_lines}
+                "already": self.already, "bad_lines": self.bad_lines,
+                "duplicates": self.duplicates}
 
 
 def _check_submit_args(
@@ -418,7 +422,7 @@ def submit_job(
         job_id = job_fingerprint(spec, input_digest)
     st = store or get_store()
     spec_ref = st.create(job_id, spec.to_dict(), source=source)
-    enqueued = already = bad = 0
+    enqueued = already = 0
     batch: list[tuple[str, dict[str, Any], int | None]] = []
 
     target = queue or settings.queue
@@ -441,24 +445,31 @@ def submit_job(
         batch.clear()
 
     seen: set[str] = set()
+    # Bad lines are stored once the input is read: one error per distinct line, every number.
+    bad: dict[str, tuple[LineError, list[int]]] = {}
+    duplicates = 0
     for i, item in enumerate(items):
         if not isinstance(item, PromptRecord | LineError):
             raise JobInputError(f"items[{i}]", item, "must be a PromptRecord or a LineError")
-        if isinstance(item, LineError):
-            k = line_error_key(item.raw, spec)
-            if k not in seen:
-                seen.add(k)
-                st.add_prompts(job_id, [(k, {"bad_line": item.raw, "line": item.line})])
-                st.store_error(job_id, k, {"record": line_error_record(k, item)})
-                bad += 1
-            continue
-        k = prompt_key(item, spec)
+        k = record_key(item, spec)
         if k in seen:
+            if isinstance(item, LineError):
+                bad[k][1].append(item.line)
+            duplicates += 1
             continue
         seen.add(k)
+        if isinstance(item, LineError):
+            bad[k] = (item, [item.line])
+            continue
         batch.append((k, item.to_dict(), item.line))
         if len(batch) >= chunk:
             flush()
     flush()
+    # The error first: a registered bad line is never pending (nothing for the sweeper).
+    for k, (first, lines) in bad.items():
+        st.store_error(job_id, k, {"record": line_error_record(k, first, lines)})
+    if bad:
+        st.add_prompts(job_id, [(k, {"bad_line": e.raw, "line": e.line})
+                                for k, (e, _) in bad.items()])
     total = st.status(job_id).total
-    return SubmitResult(job_id, total, enqueued, already, bad)
+    return SubmitResult(job_id, total, enqueued, already, len(bad), duplicates)

@@ -4,8 +4,9 @@
 ``collect`` / ``worker`` drive the Celery tier (``worker/``). Celery and redis are imported
 inside the commands only, so ``beacon --help`` stays fast.
 
-Exit codes: 0 every prompt done and ok; 1 some prompts failed, the run was interrupted (rerun
-to resume) or a job is unfinished; 2 usage error (bad option, missing file, unknown job).
+Exit codes: 0 every prompt done and ok; 1 some prompts failed (in this run, or kept failed from
+an earlier run by ``--no-retry-failed``), the run was interrupted (rerun to resume) or a job is
+unfinished; 2 usage error (bad option, missing file, unknown job).
 """
 
 from __future__ import annotations
@@ -326,9 +327,19 @@ def _summary_line(counts: dict[str, Any], reasons: Counter[str]) -> str:
     samples = counts["samples"]
     per = f" ({samples / done:.2f} per ok prompt)" if done else ""
     rs = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "-"
+    extra = "".join(
+        f", {counts[name]} {label}"
+        for name, label in (
+            ("kept_failed", "failed earlier and kept (--no-retry-failed)"),
+            ("duplicates", "duplicate line(s)"),
+            ("dpo_rebuilt", "DPO pair(s) rebuilt from kept candidates"),
+            ("dpo_rerun", "rerun for their missing DPO pair"),
+        )
+        if counts[name]
+    )
     return (
-        f"{done} ok, {failed} failed, {skipped} skipped (already done); {samples} samples"
-        f"{per}; stop reasons: {rs}; {counts['elapsed']:.1f} s"
+        f"{done} ok, {failed} failed, {skipped} skipped (already done){extra}; {samples} "
+        f"samples{per}; stop reasons: {rs}; {counts['elapsed']:.1f} s"
     )
 
 
@@ -473,7 +484,7 @@ def run_command(
             task,
             completed=p.processed,
             total=p.total,
-            stats=f"ok {p.done} failed {p.failed} skipped {p.skipped}",
+            stats=f"ok {p.done} failed {p.failed + p.kept_failed} skipped {p.skipped}",
         )
 
     interrupted = False
@@ -508,6 +519,9 @@ def run_command(
         "total": state.total,
         "duplicates": state.duplicates,
         "retried_failed": state.retried_failed,
+        "kept_failed": state.kept_failed,
+        "dpo_rebuilt": state.dpo_rebuilt,
+        "dpo_rerun": state.dpo_rerun,
         "elapsed": time.perf_counter() - t0,
         "interrupted": interrupted,
         "out": str(out),
@@ -533,13 +547,15 @@ def run_command(
                 "command to resume.",
                 markup=False,
             )
-        elif state.failed:
+        elif state.failed or state.kept_failed:
             err_console.print(
-                f"{state.failed} prompt(s) failed: see the lines with "
-                f'"ok": false in {out} (rerun to retry them).',
+                f"{state.failed + state.kept_failed} prompt(s) failed: see the lines with "
+                f'"ok": false in {out} (rerun'
+                + (" without --no-retry-failed" if state.kept_failed else "")
+                + " to retry them).",
                 markup=False,
             )
-    if interrupted or state.failed:
+    if interrupted or state.failed or state.kept_failed:
         raise typer.Exit(EXIT_FAILURE)
 
 
@@ -696,7 +712,8 @@ def submit_command(
         out_console.print(res.job_id, markup=False)
         err_console.print(
             f"job {res.job_id}: {res.total} prompts, {res.enqueued} sent, "
-            f"{res.already} already finished, {res.bad_lines} bad input line(s)",
+            f"{res.already} already finished, {res.bad_lines} bad input line(s)"
+            + (f", {res.duplicates} duplicate line(s)" if res.duplicates else ""),
             markup=False,
         )
     if not wait:

@@ -6,6 +6,8 @@
 * :mod:`beacon.jobs.output` / :mod:`beacon.jobs.dpo` -- crash-consistent keyed JSONL writers.
 * :mod:`beacon.jobs.execute` -- one prompt on the engine (shared with ``worker/``).
 * :mod:`beacon.jobs.local` -- the in-process runner (``beacon run``).
+* :mod:`beacon.jobs.resume` -- what a rerun into an existing output redoes (this job's failed
+  lines, missing DPO pairs).
 """
 
 from __future__ import annotations

@@ -91,9 +91,23 @@ def error_record(key: str, record: PromptRecord | None, exc: BaseException, *,
     return out
 
 
-def line_error_record(key: str, bad: LineError) -> dict[str, Any]:
-    """Output line of an input line that is not a valid prompt record."""
-    return error_record(key, None, bad.error, line=bad.line)
+def line_error_record(key: str, bad: LineError, lines: Iterable[int] = ()) -> dict[str, Any]:
+    """Output line of an input line that is not a valid prompt record.
+
+    ``lines``: every line number the same text occurs on (``bad.line`` is added); the record
+    lists them in ``lines`` and, when there are several, its message names them too."""
+    out = error_record(key, None, bad.error, line=bad.line)
+    where = sorted({bad.line, *lines})
+    out["lines"] = where
+    if len(where) > 1:
+        shown = ", ".join(str(n) for n in where[:_LINES_SHOWN])
+        more = f" and {len(where) - _LINES_SHOWN} more" if len(where) > _LINES_SHOWN else ""
+        out["error"]["message"] += (f" (the same line occurs {len(where)} times, on lines "
+                                    f"{shown}{more}; see 'lines')")
+    return out
+
+
+_LINES_SHOWN = 20  # line numbers named in the message; the record's "lines" has them all
 
 
 def result_record(key: str, record: PromptRecord, res: BeaconResult, *,

@@ -13,9 +13,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from beacon.jobs.spec import JobInputError, JobSpec, PromptRecord, canonical_json
+from beacon.jobs.spec import JobInputError, JobSpec, LineError, PromptRecord, canonical_json
 
-__all__ = ["KEY_VERSION", "job_fingerprint", "line_error_key", "prompt_key"]
+__all__ = ["KEY_VERSION", "job_fingerprint", "line_error_key", "prompt_key", "record_key"]
 
 #: Bumped when the key's inputs change meaning, so old outputs are not silently reused.
 KEY_VERSION = 1
@@ -56,10 +56,18 @@ def prompt_key(record: PromptRecord, spec: JobSpec) -> str:
 
 
 def line_error_key(raw_line: str, spec: JobSpec) -> str:
-    """Key of an input line that did not parse: the same bad line is reported once."""
+    """Key of an input line that did not parse: the same bad line is reported once (its error
+    line lists every line number it occurs on; the number is not part of the key)."""
     if not isinstance(raw_line, str):
         raise JobInputError("raw_line", raw_line, "must be the input line as a string")
     return _digest({"v": KEY_VERSION, "bad_line": raw_line, **_spec_part(spec, None)})
+
+
+def record_key(item: PromptRecord | LineError, spec: JobSpec) -> str:
+    """The key of an input item: its prompt's key, or the key of its bad line."""
+    if isinstance(item, LineError):
+        return line_error_key(item.raw, spec)
+    return prompt_key(item, spec)
 
 
 def job_fingerprint(spec: JobSpec, input_digest: str) -> str:

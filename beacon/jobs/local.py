@@ -12,10 +12,19 @@ With ``warm_start`` the population prior is refitted from the job's own finished
 runs (:mod:`beacon.jobs.warm_start`); each output line then names the prior it ran with, and a
 resumed run re-seeds the fit from the rewards already in the output.
 
-Failed prompts (``ok: false``) are retried on a rerun unless ``retry_failed=False``: their lines
-are removed first by an atomic rewrite, so no key ever appears twice. The DPO line of a prompt is
-written before its output line, so an interruption between the two leaves the prompt unfinished
-(it is rerun; the DPO writer keeps the first pair).
+Failed prompts (``ok: false``) of this job are retried on a rerun unless ``retry_failed=False``:
+their lines are removed first by an atomic rewrite, so no key ever appears twice; failed lines of
+other jobs sharing the output are left alone. Kept failed lines (``retry_failed=False``) are
+counted as ``kept_failed`` and make the exit code 1. With ``dpo``, every ok prompt of the job
+that has a preference ends with exactly one pair, also prompts finished by an earlier run without
+``dpo`` (:mod:`beacon.jobs.resume`). The DPO line of a prompt is written before its output line;
+a pair left without its output line by an interruption is dropped and the rerun writes the pair
+of its new result.
+
+A repeated input line (the same prompt, or the same bad line) is counted in ``duplicates`` and
+run or reported once; the error line of a bad input line lists every line number it occurs on
+(``lines``). An exception raised by the ``progress`` callback starts no further prompt: the prompts
+in flight finish and are written, then the exception is raised (rerun to resume).
 """
 
 from __future__ import annotations
@@ -33,8 +42,9 @@ from beacon._sync import run_sync
 from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
 from beacon.jobs.execute import Outcome, PromptExecutor, line_error_record, prepare_config
-from beacon.jobs.keys import line_error_key, prompt_key
+from beacon.jobs.keys import record_key
 from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
+from beacon.jobs.resume import resume_outputs
 from beacon.jobs.spec import (
     JobInputError,
     JobSpec,
@@ -51,10 +61,14 @@ __all__ = ["JobProgress", "JobSummary", "arun_job", "count_prompt_lines", "iter_
 
 @dataclass(frozen=True)
 class JobProgress:
-    """Counts so far. ``total``: non-blank input lines (None if unknown). ``skipped``: already
-    in the output from an earlier run; ``done`` / ``failed``: finished in this run (``failed``
-    includes bad input lines); ``duplicates``: lines repeating a key seen earlier in the input;
-    ``samples``: samples charged in this run; ``last``: the outcome just written (or None)."""
+    """Counts so far. ``total``: non-blank input lines (None if unknown). ``skipped``: done and
+    ok in the output from an earlier run; ``kept_failed``: failed in the output from an earlier
+    run and not retried (``retry_failed=False``); ``done`` / ``failed``: finished in this run
+    (``failed`` includes bad input lines); ``duplicates``: lines repeating a prompt (or bad line)
+    seen earlier in the input; ``samples``: samples charged in this run; ``retried_failed``:
+    earlier failed lines removed to be run again; ``dpo_rebuilt``: DPO pairs written from the
+    candidates kept in earlier output lines; ``dpo_rerun``: earlier ok prompts run again because
+    their DPO pair was never written; ``last``: the outcome just written (or None)."""
 
     total: int | None = None
     skipped: int = 0
@@ -64,12 +78,15 @@ class JobProgress:
     in_flight: int = 0
     samples: int = 0
     retried_failed: int = 0
+    kept_failed: int = 0
+    dpo_rebuilt: int = 0
+    dpo_rerun: int = 0
     last: Outcome | None = field(default=None, compare=False, repr=False)
 
     @property
     def processed(self) -> int:
         """Lines accounted for (the progress bar's position)."""
-        return self.skipped + self.done + self.failed + self.duplicates
+        return self.skipped + self.kept_failed + self.done + self.failed + self.duplicates
 
 
 @dataclass(frozen=True)
@@ -83,8 +100,11 @@ class JobSummary:
 
     @property
     def exit_code(self) -> int:
-        """0 when every prompt is done and ok, 1 when some failed or the run was interrupted."""
-        return 1 if self.interrupted or self.progress.failed else 0
+        """0 when every prompt is done and ok; 1 when the run was interrupted or the output
+        holds a failed line for one of the job's prompts (failed now, or kept from an earlier
+        run with ``retry_failed=False``)."""
+        p = self.progress
+        return 1 if self.interrupted or p.failed or p.kept_failed else 0
 
     def to_dict(self) -> dict[str, Any]:
         p = self.progress
@@ -96,6 +116,9 @@ class JobSummary:
             "duplicates": p.duplicates,
             "samples": p.samples,
             "retried_failed": p.retried_failed,
+            "kept_failed": p.kept_failed,
+            "dpo_rebuilt": p.dpo_rebuilt,
+            "dpo_rerun": p.dpo_rerun,
             "elapsed": self.elapsed,
             "interrupted": self.interrupted,
             "warm_start": self.warm_start,
@@ -193,7 +216,9 @@ async def arun_job(
             A string is parsed like ``BEACON_ALLOWED_FACTORIES`` (comma-separated, the defaults
             included, ``*`` = every module); a list or tuple is taken as is.
         progress: called with a :class:`JobProgress` after every prompt (on the event loop).
-        retry_failed: rerun prompts whose earlier line says ``ok: false``.
+            If it raises, no further prompt starts; those in flight finish and are written,
+            then its exception is raised.
+        retry_failed: rerun this job's prompts whose earlier line says ``ok: false``.
         fsync: sync each line to disk (see :class:`KeyedJsonlWriter`).
         warm_start: refit the prior from this job's finished prompts as it runs
             (:class:`~beacon.jobs.warm_start.WarmStart`); ``None`` keeps ``spec.config``.
@@ -237,13 +262,25 @@ async def arun_job(
     state = JobProgress(total=total)
     tasks: set[asyncio.Task[None]] = set()
     fatal: list[BaseException] = []
+    callback_error: list[Exception] = []
     interrupted = False
 
     def report(**changes: Any) -> None:
         nonlocal state
         state = replace(state, **changes)
-        if progress is not None:
-            progress(state)
+        if progress is not None and not callback_error:
+            try:
+                progress(state)
+            except Exception as exc:  # the caller's bug: stop starting prompts, lose nothing
+                exc.add_note("raised by the progress callback of arun_job: no further prompt "
+                             "was started, the prompts in flight were written; rerun to resume")
+                callback_error.append(exc)
+
+    def stopping() -> bool:
+        return bool(fatal or callback_error)
+
+    def records() -> Iterable[PromptRecord | LineError]:
+        return iter_records(prompts if prompts_path is None else prompts_path)
 
     def commit(outcome: Outcome) -> None:
         if dpo_w is not None and outcome.dpo is not None:
@@ -284,10 +321,18 @@ async def arun_job(
             dpo_w.open()
         # Table loading is CPU work in a thread: the caller's loop (progress bar) stays live.
         await asyncio.to_thread(prepare_config, spec.config)
-        if retry_failed:
-            dropped = out_w.compact(lambda rec: rec.get("ok") is not False)
-            if dropped:
-                report(retried_failed=len(dropped))
+        # This job's failed lines to retry, DPO pairs missing from an earlier run: file work,
+        # in a thread (a one-shot iterable of prompts is read into a list when it is needed).
+        plan = await asyncio.to_thread(
+            resume_outputs, records, spec, out_w, dpo_w, retry_failed=retry_failed,
+            one_shot=prompts_path is None and not isinstance(prompts, Sequence))
+        changes = {name: n for name, n in (("retried_failed", plan.retried_failed),
+                                           ("dpo_rebuilt", plan.rebuilt),
+                                           ("dpo_rerun", plan.rerun_for_dpo)) if n}
+        if plan.items is not None:
+            changes["total"] = len(plan.items)
+        if changes:
+            report(**changes)
         if starter is not None and Path(out).exists():
             for rw in seed_rewards(list(read_jsonl(out))):
                 starter.add(rw)
@@ -318,25 +363,31 @@ async def arun_job(
                 slots.release()
                 report(in_flight=len(in_flight))
 
-        for item in iter_records(prompts if prompts_path is None else prompts_path):
-            if fatal:
+        seen: set[str] = set()
+        read_all = False
+        # Bad input lines are written once the whole input is read, with every line number.
+        bad: dict[str, tuple[LineError, list[int]]] = {}
+        for item in records() if plan.items is None else plan.items:
+            if stopping():
                 break
-            if isinstance(item, LineError):
-                key = line_error_key(item.raw, spec)
-                if key in out_w:
-                    report(skipped=state.skipped + 1)
-                else:
-                    commit(Outcome(key, line_error_record(key, item), None))
-                continue
-            key = prompt_key(item, spec)
-            if key in out_w:
-                report(skipped=state.skipped + 1)
-                continue
-            if key in in_flight:
+            key = record_key(item, spec)
+            if key in seen:
+                if isinstance(item, LineError) and key in bad:
+                    bad[key][1].append(item.line)
                 report(duplicates=state.duplicates + 1)
                 continue
+            seen.add(key)
+            if key in out_w:
+                if key in plan.failed:
+                    report(kept_failed=state.kept_failed + 1)
+                else:
+                    report(skipped=state.skipped + 1)
+                continue
+            if isinstance(item, LineError):
+                bad[key] = (item, [item.line])
+                continue
             await slots.acquire()
-            if fatal:
+            if stopping():
                 slots.release()
                 break
             if warm_start is not None and warm_start.wait and refitting is not None:
@@ -348,12 +399,19 @@ async def arun_job(
             tasks.add(t)
             t.add_done_callback(tasks.discard)
             report(in_flight=len(in_flight))
+        else:
+            read_all = True
         if tasks:
             await asyncio.gather(*list(tasks))
         if refitting is not None:
             await refitting
+        if read_all and not fatal:
+            for key, (first, lines) in bad.items():
+                commit(Outcome(key, line_error_record(key, first, lines), None))
         if fatal:
             raise fatal[0]
+        if callback_error:
+            raise callback_error[0]
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupted = True
         raise
@@ -372,7 +430,7 @@ async def arun_job(
             dpo_w.close()
         if own_executor:
             await ex.aclose()
-        if interrupted and progress is not None:
+        if interrupted and progress is not None and not callback_error:
             progress(state)
     return JobSummary(
         state,
