@@ -13,6 +13,7 @@ from beacon.config import BeaconConfig
 from beacon.errors import (
     BeaconError,
     ConfigError,
+    ConfigTypeError,
     RewardError,
     StopperStateError,
     UnknownFamilyError,
@@ -72,6 +73,7 @@ __all__ = [  # noqa: RUF022 - grouped: core names, then lazily loaded ones
     "BeaconError",
     "BetaPrior",
     "ConfigError",
+    "ConfigTypeError",
     "Draw",
     "LogitTransform",
     "NIGPrior",

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BeaconError", "ConfigError", "RewardError", "StopperStateError", "UnknownFamilyError"]
+__all__ = [
+    "BeaconError",
+    "ConfigError",
+    "ConfigTypeError",
+    "RewardError",
+    "StopperStateError",
+    "UnknownFamilyError",
+]
 
 
 class BeaconError(Exception):
@@ -23,6 +30,13 @@ class ConfigError(BeaconError, ValueError):
         self.value = value
         self.reason = reason
         super().__init__(f"invalid {field}={value!r}: {reason}")
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument of the wrong type (a ``Stopper`` or ``replay`` config that is not a
+    ``BeaconConfig``, a sampler argument of the wrong kind): a :class:`ConfigError` (``field``,
+    ``value``, ``reason``) that is also a ``TypeError``, so ``except TypeError`` and ``except
+    ConfigError`` (or ``ValueError``) both catch it."""
 
 
 class UnknownFamilyError(ConfigError):

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from beacon.config import BeaconConfig
-from beacon.errors import RewardError
+from beacon.errors import ConfigTypeError, RewardError
 from beacon.families.bernoulli import reservation_cost
 from beacon.families.judge import WIN_THRESHOLD
 from beacon.families.normal import MAX_ABS_REWARD, TOO_LARGE_MESSAGE, predictive_quantile
@@ -87,7 +87,9 @@ def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
 def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
     """Replay ``cfg``'s stopping rule over logged ``rewards`` (prompts x samples, NaN = missing)."""
     if not isinstance(cfg, BeaconConfig):
-        raise TypeError(f"cfg must be a BeaconConfig, got {type(cfg).__name__}")
+        raise ConfigTypeError(
+            "cfg", cfg, f"must be a beacon.BeaconConfig, got {type(cfg).__name__}"
+        )
     raw = _as_matrix(rewards)
     prior = cfg.resolved_prior
     if cfg.family == "normal" and isinstance(prior, NIGPrior):

@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from beacon.config import BeaconConfig
-from beacon.errors import RewardError, StopperStateError
+from beacon.errors import ConfigTypeError, RewardError, StopperStateError
 from beacon.families import get_family
 from beacon.families.base import DecisionTuple
 
@@ -171,7 +171,9 @@ class Stopper:
 
     def __init__(self, cfg: BeaconConfig) -> None:
         if not isinstance(cfg, BeaconConfig):
-            raise TypeError(f"cfg must be a BeaconConfig, got {type(cfg).__name__}")
+            raise ConfigTypeError(
+            "cfg", cfg, f"must be a beacon.BeaconConfig, got {type(cfg).__name__}"
+        )
         self._cfg = cfg
         self._family = get_family(cfg.family)
         bound = self._family.bind(cfg)

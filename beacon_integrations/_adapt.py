@@ -22,11 +22,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from beacon.engine.calls import within
 from beacon.engine.protocol import (
     Generation,
     as_reward,
-    batch_rewards,
     coerce_generation,
     is_batched,
 )
@@ -45,7 +43,6 @@ __all__ = [
     "li_generate_llm",
     "li_score",
     "to_reward",
-    "to_rewards",
 ]
 
 
@@ -65,20 +62,30 @@ class BeaconSamplingError(BeaconError, RuntimeError):
 
 
 # -- rewards ----------------------------------------------------------------------------------
-def _reward_error(value: Any, reason: str, position: Any = None, where: str = "") -> RewardError:
-    """A :class:`beacon.RewardError` whose message names a position only when there is one.
-
-    ``position`` is a sample's position (the engine's meaning); ``where`` describes the value
-    otherwise (``"response 2 of the batch"``); with neither the message names no place.
-    """
+def _reward_error(value: Any, reason: str, position: Any = None) -> RewardError:
+    """A :class:`beacon.RewardError` whose message names a position only when there is one
+    (``position``: a sample's position, the engine's meaning)."""
     err = RewardError(position, value, reason)
     if position is None:
-        at = f" for {where}" if where else ""
-        err.args = (f"invalid reward{at}: {value!r} ({reason})",)
+        err.args = (f"invalid reward: {value!r} ({reason})",)
     return err
 
 
-def _to_reward(value: Any, position: Any, where: str) -> float:
+def to_reward(value: Any, position: Any = None) -> float:
+    """A scorer's output as a finite float reward.
+
+    Accepts a real number, a bool (``True``/``False``, numpy's too: 1.0/0.0, as the engine
+    does, for verifiers on the bernoulli family), a numeric string (an LLM judge piped into
+    ``StrOutputParser``), a message whose text content is numeric (a judge chat model), or a
+    mapping with a numeric (or bool) ``"score"`` or ``"reward"`` entry. An exception instance
+    (a scorer failing this one value) is raised as it is. Anything else is a
+    :class:`beacon.RewardError`; its message names ``position`` (a sample's position) only
+    when one is given.
+
+    The adapters' scorers hand it to the engine as their ``as_reward`` method
+    (:func:`beacon.engine.protocol.reward_rule`): the engine applies it to each value a scorer
+    returns -- each element of a batch -- so an invalid one fails only its own sample.
+    """
     raw = value
     if isinstance(value, dict):
         for key in ("score", "reward"):
@@ -92,40 +99,13 @@ def _to_reward(value: Any, position: Any, where: str) -> float:
         try:
             value = float(value.strip())
         except ValueError as exc:
-            raise _reward_error(
-                raw, "scorer returned a non-numeric string", position, where
-            ) from exc
+            raise _reward_error(raw, "scorer returned a non-numeric string", position) from exc
     try:  # the engine's rule: a real number, or a bool as 1.0 / 0.0 (a verifier's verdict)
         return as_reward(value, position)
     except RewardError as exc:
-        raise _reward_error(raw, exc.reason, position, where) from None
-
-
-def to_reward(value: Any, position: Any = None) -> float:
-    """A scorer's output as a finite float reward.
-
-    Accepts a real number, a bool (``True``/``False``, numpy's too: 1.0/0.0, as the engine
-    does, for verifiers on the bernoulli family), a numeric string (an LLM judge piped into
-    ``StrOutputParser``), a message whose text content is numeric (a judge chat model), or a
-    mapping with a numeric (or bool) ``"score"`` or ``"reward"`` entry. Anything else is a
-    :class:`beacon.RewardError`; its message names ``position`` (a sample's position) only
-    when one is given.
-    """
-    return _to_reward(value, position, "")
-
-
-def to_rewards(values: Any, n: int) -> list[float]:
-    """A batched scorer's output as ``n`` rewards (one per response, in order).
-
-    The engine's rule (:func:`beacon.engine.protocol.batch_rewards`: a list, tuple, numpy array
-    or other iterable of ``n``; a string, mapping, set or ``None`` is a ``TypeError``, a wrong
-    count a ``ValueError``), each element coerced by :func:`to_reward` (an invalid one is a
-    :class:`beacon.RewardError` naming the response's place in the batch).
-    """
-    return [
-        _to_reward(v, None, f"response {i} of the batch")
-        for i, v in enumerate(batch_rewards(values, n))
-    ]
+        if exc is value:  # a scorer's own error for this value (an HTTP scorer's, say)
+            raise
+        raise _reward_error(raw, exc.reason, position) from None
 
 
 async def _maybe_await(v: Any) -> Any:
@@ -254,28 +234,19 @@ def lc_prompt_text(value: Any, model: Any = None) -> str:
     return _message_text(messages)
 
 
-def lc_generate(
-    model: Any, rate_limiter: Any = None, timeout: float | None = None
-) -> Callable[[LCQuery], Awaitable[Generation]]:
+def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
     """``generate(query)``: one sample from a LangChain chat model or runnable.
 
     The model is invoked with the query's child config (a child run; callbacks see its
-    ``on_llm_end``, hence its usage metadata). ``rate_limiter`` (a LangChain
-    ``BaseRateLimiter``) is acquired before every call, retries included, on top of any
-    limiter the model applies itself. ``timeout`` (seconds; ``None``: none here) bounds the
-    model call alone, from the moment the rate limiter lets it through: run the engine with
-    ``timeout=None`` then, or its per-attempt timeout would also count the wait for the rate
-    limiter (see :class:`~beacon_integrations.langchain.BeaconRunnable`). A string output
-    becomes the text of the sample.
+    ``on_llm_end``, hence its usage metadata). A string output becomes the text of the sample.
+    Rate limiting, the timeout and retries are the engine's (``before_model_call`` takes a
+    LangChain rate limiter's token before the call has a slot).
     """
 
     async def generate(query: LCQuery) -> Generation:
-        if rate_limiter is not None:
-            await rate_limiter.aacquire(blocking=True)
-        out = await within(
-            timeout, model.ainvoke(query.model_input, config=query.config), "model"
+        return coerce_generation(
+            await model.ainvoke(query.model_input, config=query.config)
         )
-        return coerce_generation(out)
 
     return generate
 
@@ -315,32 +286,26 @@ def lc_scorer_runnable(scorer: Any) -> tuple[Any, bool]:
 class _LCScore:
     """Engine scorer calling a LangChain runnable under the query's config.
 
-    ``timeout`` (seconds; ``None``: none here) bounds each call, for a caller that runs the
-    engine without its own per-attempt timeout (see :func:`lc_generate`).
+    Returns the runnable's outputs as they are (batched: one per response, counted by the
+    engine); the engine makes each one a reward with :meth:`as_reward`.
     """
 
-    def __init__(self, runnable: Any, batched: bool, timeout: float | None = None) -> None:
+    as_reward = staticmethod(to_reward)
+
+    def __init__(self, runnable: Any, batched: bool) -> None:
         self.runnable = runnable
         self.batched = batched
-        self.timeout = timeout
 
     async def __call__(self, query: LCQuery, response: Any) -> Any:
-        if self.batched:
-            out = await within(self.timeout, self.runnable.ainvoke(
-                {"prompt": query.text, "responses": list(response)}, config=query.config
-            ), "scorer")
-            return to_rewards(out, len(response))
-        out = await within(self.timeout, self.runnable.ainvoke(
-            {"prompt": query.text, "response": response}, config=query.config
-        ), "scorer")
-        return to_reward(out)
+        key = "responses" if self.batched else "response"
+        value = list(response) if self.batched else response
+        return await self.runnable.ainvoke({"prompt": query.text, key: value}, config=query.config)
 
 
-def lc_score(scorer: Any, timeout: float | None = None) -> _LCScore:
-    """The engine scorer for ``scorer`` (see :func:`lc_scorer_runnable`); ``timeout`` bounds
-    each scorer call (``None``: left to the engine)."""
+def lc_score(scorer: Any) -> _LCScore:
+    """The engine scorer for ``scorer`` (see :func:`lc_scorer_runnable`)."""
     runnable, batched = lc_scorer_runnable(scorer)
-    return _LCScore(runnable, batched, timeout)
+    return _LCScore(runnable, batched)
 
 
 # -- LlamaIndex ---------------------------------------------------------------------------------
@@ -399,7 +364,13 @@ def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]
 
 
 class _LIScore:
-    """Engine scorer: ``score(query_str, text)`` (sync or async), or a LlamaIndex evaluator."""
+    """Engine scorer: ``score(query_str, text)`` (sync or async), or a LlamaIndex evaluator.
+
+    Returns the scorer's outputs as they are; the engine makes each one a reward with
+    :meth:`as_reward` (so one invalid value in a batch fails only its own sample).
+    """
+
+    as_reward = staticmethod(to_reward)
 
     def __init__(self, scorer: Any) -> None:
         self.scorer = scorer
@@ -411,11 +382,8 @@ class _LIScore:
             res = await self.scorer.aevaluate(query=query.text, response=response)
             if res.score is None:
                 raise _reward_error(res, "evaluator returned no score")
-            return to_reward(res.score)
-        out = await _maybe_await(self.scorer(query.text, response))
-        if self.batched:
-            return to_rewards(out, len(response))
-        return to_reward(out)
+            return res.score
+        return await _maybe_await(self.scorer(query.text, response))
 
 
 def li_score(scorer: Any) -> _LIScore:

@@ -211,7 +211,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
             best ``AIMessage``.
         rate_limiter: LangChain rate limiter acquired before every model call (each retry
             included), in addition to the model's own ``rate_limiter``. Scorer calls are not
-            throttled by it, and the wait for it does not count toward ``timeout``.
+            throttled by it; the wait for it holds none of the ``max_concurrency`` slots and
+            does not count toward ``timeout``, and ``usage.model_calls`` counts a call only
+            once it has its token.
         max_concurrency: model calls in flight at once for one invoke/batch (default 16; numpy
             integers accepted); ``config["max_concurrency"]`` of a call (an integer >= 1)
             overrides it, ``None`` there keeps this field.
@@ -315,20 +317,18 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         mc = self.max_concurrency if mc is None else positive_int(
             'config["max_concurrency"]', mc
         )
-        # The rate limiter's wait must not count toward ``timeout``. The engine's per-attempt
-        # timeout covers the whole generate call, the wait for a token included (a throttled
-        # sample timed out without the model being slow), and the engine's own ``rate_limiter``
-        # is entered around scorer calls too (they would spend the model's requests). So with
-        # a rate limiter the adapters bound the model call after its token, and the scorer
-        # call, themselves; the engine runs without a timeout of its own.
-        own_timeout = None if self.rate_limiter is None else self.timeout
+        # The rate limiter's token is taken by the engine's model-only hook, before the call
+        # has a concurrency slot: the wait holds no slot, does not count toward ``timeout``,
+        # and the call is counted once it starts. Scorer calls are not throttled by it.
+        lim = self.rate_limiter
         return BeaconSampler(
-            lc_generate(self.model, self.rate_limiter, own_timeout),
-            lc_score(self.scorer, own_timeout),
+            lc_generate(self.model),
+            lc_score(self.scorer),
             self.config,
             max_concurrency=mc,
+            before_model_call=None if lim is None else lim.aacquire,
             retry=self._retry_policy(),
-            timeout=self.timeout if self.rate_limiter is None else None,
+            timeout=self.timeout,
             budget=self.budget,
         )
 

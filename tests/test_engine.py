@@ -189,6 +189,96 @@ async def test_real_throttlers_accepted() -> None:
         assert res.n_samples >= 1 and res.error is None
 
 
+@pytest.mark.parametrize("max_concurrency", [1, 3])
+async def test_before_model_call_holds_no_slot_and_calls_count_when_they_start(
+    max_concurrency: int,
+) -> None:
+    # The three samples of the first draw wait in the hook together, even with one slot; the
+    # first passes once all three are there and its call fails (max_failures=0), which stops
+    # the query and cancels the two still in the hook: they made no call and are not counted.
+    waiting = 0
+    all_in = asyncio.Event()
+
+    async def gate() -> None:
+        nonlocal waiting
+        waiting += 1
+        me = waiting
+        if me == 3:
+            all_in.set()
+        await all_in.wait()
+        if me > 1:
+            await asyncio.Event().wait()
+
+    model = FakeModel(fail=lambda n, p: ValueError("down"))
+    s = BeaconSampler(model, bin_score, beacon.BeaconConfig(cost=0.01, horizon=6, max_failures=0),
+                      max_concurrency=max_concurrency, before_model_call=gate,
+                      retry=RetryPolicy.none())
+    res = await asyncio.wait_for(s.arun("q"), 10)
+    assert waiting == 3 and model.calls == 1
+    assert res.stop_reason == "error" and res.usage.model_calls == 1
+    assert res.usage.cancelled == 2 and res.usage.failed_calls == 1
+
+
+async def test_before_model_call_precedes_every_model_attempt_and_no_scorer_call() -> None:
+    hooks = 0
+
+    async def hook() -> None:
+        nonlocal hooks
+        hooks += 1
+        await asyncio.sleep(0)
+
+    model = FakeModel(p=0.3, seed=4, fail=lambda n, p: ConnectionError("reset") if n % 4 == 0
+                      else None)
+
+    async def score(p: Any, t: str) -> float:
+        return bin_score(p, t)
+
+    s = BeaconSampler(model, score, bern(batch_size=3), max_concurrency=2,
+                      before_model_call=hook, retry=FAST_RETRY, timeout=5.0)
+    results = await s.arun_many([f"q{i}" for i in range(6)])
+    assert sum(r.usage.retries for r in results) > 0
+    assert hooks == model.calls == sum(r.usage.model_calls for r in results)
+    assert sum(r.usage.score_calls for r in results) > 0
+    with pytest.raises(beacon.ConfigError, match="before_model_call") as ei:
+        BeaconSampler(model, score, bern(), before_model_call=3)  # type: ignore[arg-type]
+    assert isinstance(ei.value, TypeError)
+
+
+def test_one_aiolimiter_serves_successive_sync_runs_without_warning() -> None:
+    import warnings
+
+    from aiolimiter import AsyncLimiter
+
+    lim = AsyncLimiter(10_000, 1.0)
+    s = BeaconSampler(FakeModel(p=0.5), bin_score, bern(), rate_limiter=lim)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        results = [s.run("q"), s.run("q"), s.run_many(["a", "b"])]
+    assert [str(w.message) for w in seen] == []
+    assert all(r.error is None and r.n_samples >= 1 for r in [*results[:2], *results[2]])
+
+
+async def test_aiolimiter_bound_to_a_running_loop_serves_run_called_from_it() -> None:
+    # The limiter first runs on this test's loop; run() from inside that loop (a private loop
+    # in a worker thread) must wait for capacity there instead of failing its calls with
+    # "attached to a different loop", and the loop's own arun keeps working afterwards.
+    import warnings
+
+    from aiolimiter import AsyncLimiter
+
+    lim = AsyncLimiter(1, 0.002)  # one call at a time: every other call waits for capacity
+    model = FakeModel(p=0.3, seed=2)
+    s = BeaconSampler(model, bin_score, bern(horizon=6), rate_limiter=lim)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = await s.arun("q")
+        inner = s.run("q")
+        last = await s.arun("q")
+    assert [str(w.message) for w in seen] == []
+    for res in (first, inner, last):
+        assert res.error is None and res.n_failed == 0 and res.n_samples >= 1
+
+
 # -- cancellation -----------------------------------------------------------------------------
 async def test_time_budget_cancels_in_flight_samples_and_does_not_charge_them() -> None:
     def slow_after_first(n: int, prompt: Any) -> None:
@@ -676,6 +766,52 @@ async def test_offload_sync_keeps_context_and_reports_errors() -> None:
     assert res.stop_reason == "error" and "scorer down" in (res.error or "")
 
 
+async def test_a_scorers_own_as_reward_makes_each_value_a_reward_one_sample_at_a_time() -> None:
+    # A scorer may say how its outputs become rewards (the adapters do: numeric strings,
+    # {"score": x}); the engine applies it per value and checks the result, so an invalid
+    # value -- in a batch too -- fails only its own sample, named by its position.
+    class Judge:
+        batched = True
+
+        def __call__(self, prompt: Any, texts: list[str]) -> list[Any]:
+            return [{"score": t.split()[0][2:]} if int(t.split()[1][1:]) % 3 else "?"
+                    for t in texts]
+
+        @staticmethod
+        def as_reward(value: Any, position: Any) -> Any:
+            if not isinstance(value, dict):
+                raise beacon.RewardError(position, value, "not a judgement")
+            return float(value["score"]) if value["score"] != "1" else float("nan")
+
+    res = await BeaconSampler(FakeModel(p=0.3, seed=9), Judge(),
+                              bern(batch_size=4, max_failures=20)).arun("q")
+    assert res.error is None and res.scored and res.n_failed > 0
+    for c in res.candidates:
+        n = int(c.text.split()[1][1:])
+        ok = n % 3 != 0 and c.text.startswith("r=0")
+        assert c.failed is not ok, c
+        if not ok:
+            assert c.error is not None and f"at position {c.index}:" in c.error
+    with pytest.raises(beacon.engine.ConfigTypeError, match=r"score\.as_reward"):
+        BeaconSampler(FakeModel(), type("S", (), {"__call__": bin_score, "as_reward": 1})(),
+                      bern())
+
+
+async def test_an_exception_in_a_batch_fails_that_sample_with_it() -> None:
+    class NoVerdict(Exception):
+        pass
+
+    async def score(prompt: Any, texts: list[str]) -> list[Any]:
+        return [NoVerdict(f"no verdict for {t}") if t.endswith("#2") else bin_score(prompt, t)
+                for t in texts]
+
+    res = await BeaconSampler(FakeModel(p=0.0), BatchScorer(score), bern(batch_size=3)).arun("q")
+    failed = [c for c in res.candidates if c.failed]
+    assert [c.text for c in failed] == ["r=0 #2"]
+    assert failed[0].error == "NoVerdict: no verdict for r=0 #2"
+    assert len(res.scored) == res.n_samples > 0
+
+
 # -- observers --------------------------------------------------------------------------------
 async def test_observers_receive_sample_and_decision_events_in_order() -> None:
     sync_events: list[Any] = []
@@ -775,6 +911,45 @@ def test_sampler_argument_validation() -> None:
         BeaconSampler(FakeModel(), bin_score, {"cost": 0.1})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="score"):
         BeaconSampler(FakeModel(), 3, bern())
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"cfg": {"cost": 0.1}}, "cfg"),
+    ({"cfg": None}, "cfg"),
+    ({"generate": 3}, "generate"),
+    ({"score": "score"}, "score"),
+    ({"retry": 3}, "retry"),
+    ({"budget": {"max_tokens": 10}}, "budget"),
+    ({"rate_limiter": object()}, "rate_limiter"),
+    ({"before_model_call": 1.5}, "before_model_call"),
+    ({"observers": print}, "observers"),
+])
+def test_a_wrong_type_is_a_type_error_as_in_the_stopper_and_a_config_error(
+    kwargs: dict[str, Any], field: str
+) -> None:
+    # Stopper(cfg) raises TypeError for a cfg that is not a BeaconConfig; BeaconSampler raises
+    # ConfigTypeError, which both ``except TypeError`` and ``except ConfigError`` catch.
+    args: dict[str, Any] = {"generate": FakeModel(), "score": bin_score, "cfg": bern()}
+    args.update(kwargs)
+    with pytest.raises(TypeError) as ei:
+        BeaconSampler(**args)
+    e = ei.value
+    assert isinstance(e, beacon.engine.ConfigTypeError) and isinstance(e, beacon.ConfigError)
+    assert e.field == field and e.value is args.get(field, kwargs.get(field))
+    assert str(e).startswith(f"invalid {field}=")
+    if field == "cfg":
+        with pytest.raises(TypeError):
+            beacon.Stopper(kwargs["cfg"])
+
+
+async def test_wrong_types_at_call_time_are_config_type_errors() -> None:
+    s = BeaconSampler(FakeModel(), bin_score, bern())
+    for call, field in ((lambda: s.arun("q", metadata=[1]), "metadata"),  # type: ignore[arg-type]
+                        (lambda: s.arun("q", observers=[3]), "observers"),
+                        (lambda: s.arun_many("abc"), "prompts")):
+        with pytest.raises(beacon.engine.ConfigTypeError) as ei:
+            await call()
+        assert ei.value.field == field and isinstance(ei.value, TypeError)
 
 
 # -- agreement with the Stopper and the offline replay (normal family) -------------------------

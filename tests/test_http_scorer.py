@@ -36,6 +36,7 @@ class Server:
         self.max_in_flight = 0
         self.url = ""
         self.vllm_indices: list[Any] = []  # what /vllmidx/score answers as data[*].index
+        self.answer: Any = None  # what /answer answers (raw JSON text)
 
     def record(self, name: str, body: Any) -> int:
         self.bodies.setdefault(name, []).append(body)
@@ -112,7 +113,9 @@ def make_app(srv: Server) -> web.Application:
     async def vllm_indices(request: web.Request) -> web.Response:
         body = await request.json()
         srv.record("vllmidx", body)
-        data = [{"object": "score", "score": 0.1 * len(t)} for t in body["text_2"]]
+        t2 = body["text_2"]
+        texts = t2 if isinstance(t2, list) else [t2] * len(srv.vllm_indices)
+        data = [{"object": "score", "score": 0.1 * len(t)} for t in texts]
         for d, idx in zip(data, srv.vllm_indices, strict=True):
             if idx is not MISSING:
                 d["index"] = idx
@@ -136,7 +139,12 @@ def make_app(srv: Server) -> web.Application:
         return web.json_response({"scores": [1.0 if "good" in r else 0.0
                                              for r in body["responses"]]})
 
+    async def answer(request: web.Request) -> web.Response:
+        srv.record("answer", await request.json())
+        return web.Response(text=srv.answer, content_type="application/json")
+
     app = web.Application()
+    app.router.add_post("/answer", answer)
     for path, h in [("/score", score), ("/batch", batch), ("/flaky429", flaky429),
                     ("/flaky500", flaky500), ("/notfound", notfound), ("/slow", slow),
                     ("/malformed", malformed), ("/nonnumeric", nonnumeric), ("/auth", auth),
@@ -306,6 +314,96 @@ async def test_vllm_score_indices_must_be_a_permutation(server: Server,
     assert e.path == "data.*.index" and e.value == shown and not is_retryable(e)
     assert str(e) == (f"invalid reward response at 'data.*.index': {shown!r} "
                       "(indices must be a permutation of 0..2 (each response exactly once))")
+
+
+@pytest.mark.parametrize("indices", [[1], ["0"], [True], [0, 1], []],
+                         ids=["one", "str", "bool", "two", "none"])
+async def test_vllm_single_score_checks_the_index(server: Server, indices: list[Any]) -> None:
+    # As batched mode: a score whose index is not 0 (the one response sent), or an answer
+    # with other than one score, is a typed error naming the field and the value.
+    server.vllm_indices = indices
+    async with HttpRewardScorer.vllm_score(server.url + "/vllmidx", "m", batched=False) as s:
+        with pytest.raises(RewardResponseError) as ei:
+            await s("query", "abc")
+    e = ei.value
+    if len(indices) == 1:
+        assert e.path == "data.0.index" and e.value == indices[0] and not is_retryable(e)
+        assert str(e) == (f"invalid reward response at 'data.0.index': {indices[0]!r} "
+                          "(expected 0 (one response was sent))")
+    else:
+        assert e.path == "data" and len(e.value) == len(indices)
+        assert "expected a list of exactly 1 score" in str(e)
+    server.vllm_indices = [0]
+    async with HttpRewardScorer.vllm_score(server.url + "/vllmidx", "m", batched=False) as s:
+        assert await s("query", "abc") == pytest.approx(0.3)
+    server.vllm_indices = [MISSING]  # no index at all: the only score
+    async with HttpRewardScorer.vllm_score(server.url + "/vllmidx", "m", batched=False) as s:
+        assert await s("query", "abcd") == pytest.approx(0.4)
+
+
+async def test_json_bool_scores_are_rewards_as_in_the_engine(server: Server) -> None:
+    # A binary verifier's true/false is 1.0/0.0, as the engine takes a bool from a scorer.
+    url = server.url + "/answer"
+    for text, want in (("true", 1.0), ("false", 0.0), ('{"score": true}', 1.0)):
+        server.answer = text
+        path = "score" if text.startswith("{") else ""
+        async with HttpRewardScorer(url, score_path=path) as s:
+            assert await s("p", "r") == want
+    server.answer = '{"scores": [true, false, 0.5]}'
+    async with HttpRewardScorer(url, score_path="scores", batched=True) as s:
+        assert await s("p", ["a", "b", "c"]) == [1.0, 0.0, 0.5]
+    server.answer = '{"data": [{"index": 0, "score": true}]}'
+    async with HttpRewardScorer.vllm_score(url.removesuffix("/answer"), "m", path="/answer",
+                                           batched=False) as s:
+        assert await s("p", "r") == 1.0
+    sampler = BeaconSampler(lambda p: "r", HttpRewardScorer(url, score_path=""),
+                            beacon.BeaconConfig(cost=0.05, horizon=4, family="bernoulli"))
+    server.answer = "true"
+    res = await sampler.arun("q")
+    assert res.stop_reason == "absorbed" and res.best is not None and res.best.reward == 1.0
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ('{"score": "0.5"}', "real number"),
+    ('{"score": null}', "real number"),
+    ('{"score": 1' + "0" * 400 + "}", "finite"),  # an integer beyond the float range
+    ('{"score": [1.0]}', "real number"),
+])
+async def test_invalid_json_scores_are_typed_errors(server: Server, text: str,
+                                                    reason: str) -> None:
+    server.answer = text
+    async with HttpRewardScorer(server.url + "/answer") as s:
+        with pytest.raises(RewardResponseError) as ei:
+            await s("p", "r")
+    assert ei.value.path == "score" and reason in str(ei.value)
+    assert ei.value.value == json.loads(text)["score"]
+
+
+async def test_one_invalid_score_in_a_batch_fails_only_its_sample(server: Server) -> None:
+    # As the engine does for any batched scorer: null for response 1 fails sample 1 alone,
+    # with the error naming the field; score_batch (a direct call) still raises it.
+    server.answer = '{"scores": [0.5, null, 0.25]}'
+    scorer = HttpRewardScorer(server.url + "/answer", score_path="scores", batched=True)
+    out = await scorer("p", ["a", "b", "c"])
+    assert out[0] == 0.5 and out[2] == 0.25 and isinstance(out[1], RewardResponseError)
+    with pytest.raises(RewardResponseError) as ei:
+        await scorer.score_batch("p", ["a", "b", "c"])
+    assert ei.value.path == "scores[1]" and ei.value.value is None
+    cfg = beacon.BeaconConfig(cost=0.001, horizon=4, batch_size=3)
+    res = await BeaconSampler(lambda p: "t", scorer, cfg, retry=RetryPolicy.none()).arun("q")
+    await scorer.aclose()
+    assert [c.reward for c in res.candidates[:3]] == [0.5, None, 0.25]  # the first batch
+    assert res.candidates[1].error == (
+        "RewardResponseError: invalid reward response at 'scores[1]': None "
+        "(scorer must return a real number)"
+    )
+    # vLLM: an element without a score fails its own response (found by its index)
+    server.answer = json.dumps({"data": [{"index": 1, "score": 0.5}, {"index": 0},
+                                         {"index": 2, "score": 0.75}]})
+    async with HttpRewardScorer.vllm_score(server.url, "m", path="/answer") as v:
+        got = await v("q", ["a", "b", "c"])
+        assert isinstance(got[0], RewardResponseError) and got[1:] == [0.5, 0.75]
+        assert got[0].path == "data.0.score"
 
 
 async def test_connection_limit_is_honoured(server: Server) -> None:

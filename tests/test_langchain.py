@@ -416,6 +416,123 @@ def test_rate_limiter_wait_does_not_count_toward_the_timeout() -> None:
     assert len(starts) == 7 and starts[-1] - starts[0] >= 2.9 and gaps.min() >= 0.35, gaps
 
 
+class GateLimiter(BaseRateLimiter):
+    """Rate limiter under the test's control: the first caller gets its token once ``n``
+    callers wait at once; the others never get one."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.waiting = 0
+        self.all_waiting = asyncio.Event()
+
+    def acquire(self, *, blocking: bool = True) -> bool:
+        raise AssertionError("BeaconRunnable is async inside")
+
+    async def aacquire(self, *, blocking: bool = True) -> bool:
+        self.waiting += 1
+        me = self.waiting
+        if me == self.n:
+            self.all_waiting.set()
+        await self.all_waiting.wait()
+        if me > 1:
+            await asyncio.Event().wait()  # no token for the others
+        return True
+
+
+@pytest.mark.parametrize("max_concurrency", [1, 3])
+async def test_rate_limiter_wait_holds_no_slot_and_calls_count_when_they_start(
+    max_concurrency: int,
+) -> None:
+    # Three samples drawn at once (k0 = 3) all wait for a token together even with a single
+    # concurrency slot; only the first gets one, and its model call fails (max_failures=0),
+    # which stops the query and cancels the two still waiting: they made no model call.
+    model_calls = 0
+
+    async def model(x: Any) -> str:
+        nonlocal model_calls
+        model_calls += 1
+        raise ValueError("model down")
+
+    lim = GateLimiter(3)
+    r = BeaconRunnable(model=RunnableLambda(model), scorer=table_scorer,
+                       config=CFG.replace(max_failures=0), rate_limiter=lim,
+                       max_concurrency=max_concurrency, retry=RetryPolicy.none(),
+                       return_result=True)
+    res = await asyncio.wait_for(r.ainvoke("q"), 10)
+    assert lim.waiting == 3 and model_calls == 1
+    assert res.stop_reason == "error" and res.usage.model_calls == 1
+    assert res.usage.cancelled == 2 and res.usage.failed_calls == 1
+
+
+def test_rate_limiter_throttles_model_calls_not_scorer_calls() -> None:
+    class Counting(BaseRateLimiter):
+        def __init__(self) -> None:
+            self.n = 0
+
+        def acquire(self, *, blocking: bool = True) -> bool:
+            raise AssertionError("BeaconRunnable is async inside")
+
+        async def aacquire(self, *, blocking: bool = True) -> bool:
+            self.n += 1
+            return True
+
+    lim = Counting()
+    scorer_calls = 0
+
+    async def scorer(prompt: str, response: str) -> float:
+        nonlocal scorer_calls
+        scorer_calls += 1
+        return REWARDS[response]
+
+    res = make(scorer=scorer, rate_limiter=lim, return_result=True).invoke("q")
+    assert lim.n == res.usage.model_calls == res.n_samples
+    assert scorer_calls == res.usage.score_calls == res.n_samples
+
+
+BATCH_OUT: dict[str, Any] = {"a": "0.1", "b": float("nan"), "c": "high", "d": {"score": 0.9},
+                             "e": AIMessage(content="0.15"), "f": 0.3, "g": True}
+
+
+def test_one_invalid_reward_in_a_batch_fails_only_its_sample() -> None:
+    # As in the engine: b (NaN) and c (a non-numeric string) fail, each on its own sample and
+    # named by its position; a, d, e, f, g (numeric string, dict, message, float, bool) count.
+    calls: list[list[str]] = []
+
+    def score_many(prompt: str, responses: list[str]) -> list[Any]:
+        calls.append(list(responses))
+        return [BATCH_OUT[t] for t in responses]
+
+    cfg = BeaconConfig(cost=0.001, horizon=7, batch_size=3, max_failures=10)
+    res = make(scorer=BatchScorer(score_many), config=cfg, return_result=True).invoke("q")
+    assert calls[0] == ["a", "b", "c"]  # one call scored a batch with both kinds
+    assert res.stop_reason in ("index", "horizon") and len(res.scored) == res.n_samples
+    for c in res.candidates:
+        if c.text in ("b", "c"):
+            assert c.failed and c.reward is None
+            assert c.error is not None
+            assert c.error.startswith(f"RewardError: invalid reward at position {c.index}: ")
+        else:
+            assert not c.failed and c.reward == {"a": 0.1, "d": 0.9, "e": 0.15, "f": 0.3,
+                                                 "g": 1.0}[c.text]
+    assert {c.text for c in res.candidates if c.failed} == {"b", "c"}
+
+
+def test_a_scorers_own_error_for_one_value_is_kept_on_its_sample() -> None:
+    # A batched scorer may put an exception in a response's place (the HTTP scorer does, for
+    # an invalid score); that sample fails with exactly that error, the others count.
+    own = beacon.RewardError("scores[1]", None, "judge gave no score")
+
+    def score_many(prompt: str, responses: list[str]) -> list[Any]:
+        return [own if t == "b" else REWARDS[t] for t in responses]
+
+    cfg = BeaconConfig(cost=0.001, horizon=4, batch_size=3, max_failures=10)
+    res = make(scorer=BatchScorer(score_many), config=cfg, return_result=True).invoke("q")
+    failed = [c for c in res.candidates if c.failed]
+    assert failed and all(c.text == "b" for c in failed)
+    assert failed[0].error == f"RewardError: {own}"
+    assert all(c.reward == REWARDS[c.text] for c in res.candidates if not c.failed)
+
+
 def test_model_with_retry_handles_its_own_failures_without_engine_retries() -> None:
     model = ScriptedChatModel(script=SCRIPT, fail={0: ValueError("flaky"), 2: ValueError("x")})
     retrying = model.with_retry(stop_after_attempt=3, wait_exponential_jitter=False,
@@ -616,12 +733,11 @@ def test_reward_coercion_of_scorer_outputs() -> None:
 
 
 def test_bools_are_rewards_and_errors_name_no_missing_position() -> None:
-    from beacon_integrations._adapt import to_reward, to_rewards
+    from beacon_integrations._adapt import to_reward
 
     assert to_reward(True) == 1.0 and to_reward(False) == 0.0
     assert to_reward(np.bool_(True)) == 1.0 and to_reward(np.False_) == 0.0
     assert to_reward({"score": True}) == 1.0
-    assert to_rewards(np.array([True, False]), 2) == [1.0, 0.0]
     with pytest.raises(beacon.RewardError) as ei:
         to_reward("high")
     assert str(ei.value) == "invalid reward: 'high' (scorer returned a non-numeric string)"
@@ -630,13 +746,13 @@ def test_bools_are_rewards_and_errors_name_no_missing_position() -> None:
         to_reward(None)
     with pytest.raises(beacon.RewardError, match=r"^invalid reward at position 4: \[1\.0\]"):
         to_reward([1.0], 4)
-    with pytest.raises(beacon.RewardError) as ei:
-        to_rewards([0.5, "x"], 2)
-    assert str(ei.value).startswith("invalid reward for response 1 of the batch: 'x'")
+    # in a query the engine names the sample, as for any scorer
     res = make(scorer=lambda p, t: None, config=CFG.replace(max_failures=0),
                return_result=True).invoke("q")
-    assert res.error is not None and "position" not in res.error
-    assert res.error.startswith("RewardError: invalid reward: None (")
+    assert [c.error for c in res.candidates] == [
+        f"RewardError: invalid reward at position {i}: None (scorer must return a real number)"
+        for i in range(len(res.candidates))
+    ]
 
 
 # -- input and argument validation ----------------------------------------------------------------

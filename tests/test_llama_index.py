@@ -346,13 +346,17 @@ def test_bool_checker_drives_the_bernoulli_family(kind: str) -> None:
     assert md["rewards"] == [0.0, 0.0, 0.0, 1.0] and md["best_reward"] == 1.0
 
 
-def test_invalid_reward_error_names_no_missing_position() -> None:
+def test_invalid_reward_error_names_the_sample_position() -> None:
     qe = BeaconQueryEngine(lambda q, r: "high", CFG.replace(max_failures=0),
                            llm=ScriptedLLM(script=SCRIPT))
     with pytest.raises(BeaconSamplingError) as ei:
         qe.query("q")
-    err = ei.value.result.error or ""
-    assert err == "RewardError: invalid reward: 'high' (scorer returned a non-numeric string)"
+    res = ei.value.result
+    assert [c.error for c in res.candidates] == [
+        f"RewardError: invalid reward at position {i}: 'high' "
+        "(scorer returned a non-numeric string)"
+        for i in range(len(res.candidates))
+    ]
 
 
 # -- template, scorer-output and query validation --------------------------------------------------
@@ -422,3 +426,29 @@ def test_batched_scorer_may_return_an_array_or_iterable(shape: Any) -> None:
     best, n, _ = best_of(SCRIPT, CFG)
     assert resp.response == best
     assert (resp.metadata or {})["rewards"] == [REWARDS[t] for t in SCRIPT[:n]]
+
+
+def test_one_invalid_reward_in_a_batch_fails_only_its_sample() -> None:
+    # As in the engine: b (NaN) and c (a non-numeric string) fail, each on its own sample and
+    # named by its position; the others (numeric string, dict, float, bool) are rewards.
+    out: dict[str, Any] = {"a": "0.1", "b": float("nan"), "c": "high", "d": {"score": 0.9},
+                           "e": 0.15, "f": 0.3, "g": True}
+    calls: list[list[str]] = []
+
+    def score_many(q: str, ts: list[str]) -> list[Any]:
+        calls.append(list(ts))
+        return [out[t] for t in ts]
+
+    cfg = BeaconConfig(cost=0.001, horizon=7, batch_size=3, max_failures=10)
+    qe = BeaconQueryEngine(BatchScorer(score_many), cfg, llm=ScriptedLLM(script=SCRIPT))
+    res = asyncio.run(qe.arun(QueryBundle("q")))
+    assert calls[0] == ["a", "b", "c"]
+    assert res.stop_reason in ("index", "horizon") and len(res.scored) == res.n_samples
+    values = {"a": 0.1, "d": 0.9, "e": 0.15, "f": 0.3, "g": 1.0}
+    for c in res.candidates:
+        if c.text in ("b", "c"):
+            assert c.failed and c.reward is None and c.error is not None
+            assert c.error.startswith(f"RewardError: invalid reward at position {c.index}: ")
+        else:
+            assert not c.failed and c.reward == values[c.text]
+    assert {c.text for c in res.candidates if c.failed} == {"b", "c"}

@@ -104,8 +104,9 @@ def test_bad_arrays() -> None:
     cfg = BeaconConfig(horizon=8)
     with pytest.raises(RewardError, match="2-D"):
         beacon.replay([0.1, 0.2], cfg)
-    with pytest.raises(TypeError, match="cfg must be a BeaconConfig, got dict"):
+    with pytest.raises(TypeError, match=r"cfg=.*must be a beacon\.BeaconConfig, got dict") as te:
         beacon.replay(np.zeros((2, 8)), {"horizon": 8})  # type: ignore[arg-type]
+    assert isinstance(te.value, beacon.ConfigError) and te.value.field == "cfg"
     x = np.zeros((3, 8))
     x[2, 5] = np.inf
     with pytest.raises(RewardError) as exc:

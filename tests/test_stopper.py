@@ -167,3 +167,29 @@ def test_best_index_is_first_maximum() -> None:
     s.next_decision()
     s.observe([0.3, 0.9, 0.9])
     assert s.best_index == 1 and s.best_reward == 0.9
+
+
+@pytest.mark.parametrize("cfg", [{"horizon": 8}, None, "normal"])
+def test_a_config_of_the_wrong_type_is_one_error_in_the_stopper_replay_and_sampler(
+    cfg: object,
+) -> None:
+    # the same mistake is a TypeError and a ConfigError naming the field in all three entries
+    from beacon import ConfigError, ConfigTypeError, replay
+    from beacon.engine import BeaconSampler
+
+    def gen(prompt: str) -> str:
+        return prompt
+
+    def score(prompt: str, response: str) -> float:
+        return 0.0
+
+    for call in (
+        lambda: Stopper(cfg),  # type: ignore[arg-type]
+        lambda: replay([[0.0] * 8], cfg),  # type: ignore[arg-type]
+        lambda: BeaconSampler(gen, score, cfg),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ConfigTypeError, match=f"must be a beacon.BeaconConfig, got "
+                           f"{type(cfg).__name__}") as e:
+            call()
+        assert isinstance(e.value, TypeError) and isinstance(e.value, ConfigError)
+        assert e.value.field == "cfg" and e.value.value is cfg

@@ -1,8 +1,12 @@
 """One guarded external call: concurrency slot, rate limiter, timeout, retries with backoff.
 
-Every attempt of every model and scorer call goes through :func:`guarded_call`: it takes a slot
+Every attempt of every model and scorer call goes through :func:`guarded_call`: it awaits the
+guard's ``acquire`` hook if any (model calls only; no slot held while it waits), takes a slot
 of the sampler's semaphore (released during backoff, so waiting retries do not hold capacity),
 enters the rate limiter (any async context manager), and runs under the per-attempt timeout.
+
+:func:`adopt_running_loop` hands a loop-bound rate limiter (aiolimiter's ``AsyncLimiter``) over
+to the running loop, so that one limiter serves successive ``run()`` calls (one loop each).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any, TypeVar
 from beacon.result import Usage
 from beacon.retry import RetryPolicy
 
-__all__ = ["CallCancelledError", "CallGuard", "guarded_call", "within"]
+__all__ = ["CallCancelledError", "CallGuard", "adopt_running_loop", "guarded_call", "within"]
 
 T = TypeVar("T")
 
@@ -27,7 +31,9 @@ class CallGuard:
     """The shared limits one kind of call (model or scorer) runs under.
 
     ``semaphore`` is None (and ``timeout`` None) for synchronous callables run inline: they
-    never yield to the loop, so neither a slot nor a timeout can apply to them.
+    never yield to the loop, so neither a slot nor a timeout can apply to them. ``acquire``,
+    when set, is awaited before every attempt takes its slot (a rate limiter's token: the wait
+    for it holds no slot and does not count toward the timeout).
     """
 
     semaphore: asyncio.Semaphore | None
@@ -35,6 +41,7 @@ class CallGuard:
     timeout: float | None
     retry: RetryPolicy
     rng: random.Random
+    acquire: Callable[[], Awaitable[Any]] | None = None
 
 
 class CallCancelledError(RuntimeError):
@@ -55,12 +62,12 @@ async def guarded_call(
 ) -> T:
     """``await fn(*args)`` under ``guard``; counts calls, failures and retries into ``usage``.
 
-    A call is counted when its attempt starts (slot taken, rate limiter passed), so a sample
-    cancelled while it waits for capacity costs no call. Raises the last exception when it is
-    not retryable or the attempts are exhausted; a per-attempt timeout is a ``TimeoutError``
-    saying which call and how long, a ``CancelledError`` raised by ``fn`` itself a
-    :class:`CallCancelledError`. The wait before a retry is the policy's jittered backoff, or
-    the error's ``retry_after`` seconds when larger (capped at ``max_delay``).
+    A call is counted when its attempt starts (``acquire`` done, slot taken, rate limiter
+    passed), so a sample cancelled while it waits for capacity costs no call. Raises the last
+    exception when it is not retryable or the attempts are exhausted; a per-attempt timeout is
+    a ``TimeoutError`` saying which call and how long, a ``CancelledError`` raised by ``fn``
+    itself a :class:`CallCancelledError`. The wait before a retry is the policy's jittered
+    backoff, or the error's ``retry_after`` seconds when larger (capped at ``max_delay``).
     Cancellation of the calling task always propagates at once.
     """
     attempt = 0
@@ -97,6 +104,8 @@ async def _attempt(
     model: bool,
     retry: bool,
 ) -> T:
+    if guard.acquire is not None:
+        await guard.acquire()
     sem = guard.semaphore
     if sem is not None:
         await sem.acquire()
@@ -153,3 +162,36 @@ async def _own_cancel_is_error(
         raise CallCancelledError(
             f"the {what} call raised CancelledError without being cancelled"
         ) from exc
+
+
+def adopt_running_loop(limiter: Any) -> None:
+    """Let ``limiter`` be used on the running loop when it is bound to another, finished one.
+
+    aiolimiter's ``AsyncLimiter`` (>= 1.2) binds to the first loop it runs on. On a later loop
+    -- each synchronous ``run()`` starts one -- it warns and drops its waiters once the old loop
+    is closed, and while the old loop is still open (``run()`` called from a coroutine, whose
+    loop waits for it) a wait for capacity fails with "attached to a different loop". When no
+    task of the old loop waits for it, the limiter is handed over here, keeping its level (its
+    clock is the monotonic one of every loop), so the rate holds across calls. A limiter in use
+    by two loops at once (two threads) is left alone: aiolimiter does not support that. Other
+    limiters (asyncio-throttle's ``Throttler``, LangChain's) are not bound to a loop.
+    """
+    if not any(c.__module__.partition(".")[0] == "aiolimiter" for c in type(limiter).__mro__):
+        return
+    try:
+        bound = limiter._event_loop
+        waiters = limiter._waiters
+    except AttributeError:  # never used yet, or an aiolimiter that binds no loop
+        return
+    loop = asyncio.get_running_loop()
+    if bound is loop or not isinstance(bound, asyncio.AbstractEventLoop):
+        return
+    live = [w for w in waiters if not w[-1].done()]
+    if live and not bound.is_closed():
+        return  # another loop's tasks wait for it right now
+    handle = limiter._waker_handle
+    limiter._waker_handle = None
+    if handle is not None:
+        handle.cancel()  # the old loop's timer: nothing to wake there any more
+    limiter._waiters = []
+    limiter._event_loop = loop

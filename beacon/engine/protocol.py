@@ -13,6 +13,13 @@ or ``ChatResponse`` (``.message.content``). The original object is kept as ``Gen
 Scorer (``score``): a callable ``score(prompt, response_text) -> float`` (sync or async), or a
 batched one ``score(prompt, [texts]) -> [floats]``. Batching is declared, never guessed: wrap the
 callable in :class:`BatchScorer`, or give the callable/object a ``batched = True`` attribute.
+Each value a scorer returns becomes a reward by :func:`as_reward`, or by the scorer's own
+``as_reward(value, position)`` method where it has one (see :func:`reward_rule`); an invalid
+value fails that one sample, even within a batch.
+
+A wrong type given for any of these (or for a :class:`~beacon.engine.BeaconSampler` argument) is
+a :class:`beacon.ConfigTypeError`: a :class:`beacon.ConfigError` naming the field and value
+that is also a ``TypeError``, as the Stopper raises for a wrong ``cfg``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import numpy as np
 
 from beacon._checks import is_integer, is_real
 from beacon._sync import call_in_thread
-from beacon.errors import ConfigError, RewardError
+from beacon.errors import ConfigError, ConfigTypeError, RewardError
 
 __all__ = [
     "BatchScorer",
@@ -43,6 +50,7 @@ __all__ = [
     "is_inline_sync",
     "make_generate",
     "make_score",
+    "reward_rule",
 ]
 
 
@@ -180,9 +188,9 @@ def make_generate(generate: Any, *, offload_sync: bool = False) -> GenerateFn:
             return coerce_generation(await acomplete(prompt))
         return via_acomplete
     if not callable(generate):
-        raise TypeError(
-            "generate must be a callable, or have an async ainvoke/acomplete method; "
-            f"got {type(generate).__name__}"
+        raise ConfigTypeError(
+            "generate", generate,
+            "must be a callable, or have an async ainvoke/acomplete method",
         )
     if offload_sync and not _is_async_callable(generate):
         async def via_thread(prompt: Any) -> Generation:
@@ -222,8 +230,10 @@ def as_reward(r: Any, position: Any) -> float:
     """A scorer's number as a finite float reward (``position``: the sample's, for errors).
 
     A real number (numpy's too; an int beyond the float range is infinite), or a bool --
-    ``numpy.bool_`` included -- as 1.0 / 0.0 (a verifier's verdict). Anything else, and a
-    non-finite value, is a :class:`beacon.RewardError` naming ``position``.
+    ``numpy.bool_`` included -- as 1.0 / 0.0 (a verifier's verdict). An exception instance is
+    raised as it is: a scorer's way to fail one sample of a batch with its own error (e.g. the
+    HTTP scorer's ``RewardResponseError`` naming the field). Anything else, and a non-finite
+    value, is a :class:`beacon.RewardError` naming ``position``.
     """
     if type(r) is float:
         if math.isfinite(r):
@@ -231,6 +241,8 @@ def as_reward(r: Any, position: Any) -> float:
         raise RewardError(position, r, "reward must be finite")
     # numpy booleans are not numbers.Real, but a verifier returning np.True_ means 1
     if not isinstance(r, numbers.Real | np.bool_):
+        if isinstance(r, Exception):
+            raise r
         raise RewardError(position, r, "scorer must return a real number")
     try:
         x = float(r)
@@ -241,13 +253,36 @@ def as_reward(r: Any, position: Any) -> float:
     return x
 
 
+def reward_rule(score: Any) -> Callable[[Any, Any], float]:
+    """``rule(value, position) -> float``: how the engine makes each output of ``score`` a reward.
+
+    :func:`as_reward`, unless the scorer has its own ``as_reward(value, position)`` method
+    (the LangChain and LlamaIndex adapters: numeric strings, messages, ``{"score": x}``), whose
+    result is checked by :func:`as_reward` in turn. Whatever either raises fails that one
+    sample -- in a batch too -- and is reported on it.
+    """
+    own = getattr(score, "as_reward", None)
+    if own is None:
+        return as_reward
+    if not callable(own):
+        raise ConfigTypeError(
+            "score.as_reward", own, "must be a method (value, position) -> float, or absent"
+        )
+
+    def rule(value: Any, position: Any) -> float:
+        return as_reward(own(value, position), position)
+
+    return rule
+
+
 def batch_rewards(out: Any, n: int) -> list[Any]:
     """A batched scorer's return value as a list of ``n`` values, one per response, in order.
 
     A list, tuple, numpy array or any other iterable (a generator) is accepted. A string, bytes,
     a mapping or a set is a ``TypeError`` (iterating would give characters, keys, or an
     arbitrary order), as is a non-iterable; a wrong count is a ``ValueError``. The values
-    themselves are checked by the caller (the engine's reward check, or the adapters').
+    themselves are checked one by one by the engine (:func:`reward_rule`), so an invalid one
+    fails only its own sample.
     """
     if isinstance(out, str | bytes | Mapping | Set) or not isinstance(out, Iterable):
         raise TypeError(
@@ -272,12 +307,12 @@ def make_score(
     """``(fn, batched)``: an async ``(prompt, texts) -> rewards`` and whether it batches.
 
     For a single scorer ``fn`` takes a one-element list (the engine scores samples one by one).
-    Rewards are returned as given (validated by the Stopper). ``late_timeout`` bounds the
-    await when a synchronous scorer (run inline, see :func:`is_inline_sync`) unexpectedly
-    returns an awaitable.
+    Rewards are returned as given (the engine makes each one a reward, see
+    :func:`reward_rule`). ``late_timeout`` bounds the await when a synchronous scorer (run
+    inline, see :func:`is_inline_sync`) unexpectedly returns an awaitable.
     """
     if not callable(score):
-        raise TypeError(f"score must be callable, got {type(score).__name__}")
+        raise ConfigTypeError("score", score, "must be a callable (prompt, response) -> reward")
     batched = is_batched(score)
     thread = offload_sync and not _is_async_callable(score) and not (
         isinstance(score, BatchScorer) and _is_async_callable(score.fn)

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine.calls import CallGuard, guarded_call
-from beacon.engine.protocol import GenerateFn, ScoreFn, as_reward
+from beacon.engine.protocol import GenerateFn, ScoreFn
 from beacon.errors import RewardError
 from beacon.events import DecisionEvent, Observer, SampleEvent, emit
 from beacon.result import BeaconResult, Candidate, Usage
@@ -35,11 +35,16 @@ __all__ = ["EngineContext", "QueryRun"]
 
 @dataclass(slots=True)
 class EngineContext:
-    """Everything a query needs from its sampler, bound to the running event loop."""
+    """Everything a query needs from its sampler, bound to the running event loop.
+
+    ``reward`` turns each scorer output into a reward (:func:`~beacon.engine.protocol.
+    reward_rule`); what it raises fails that sample only.
+    """
 
     cfg: BeaconConfig
     generate: GenerateFn
     score: ScoreFn
+    reward: Callable[[Any, Any], float]
     batched: bool
     model_guard: CallGuard
     score_guard: CallGuard
@@ -250,7 +255,7 @@ class QueryRun:
                 rewards = await guarded_call(
                     ctx.score_guard, ctx.score, (self.prompt, [gen.text]), cand.usage, model=False
                 )
-                cand.reward = as_reward(rewards[0], cand.index)
+                cand.reward = ctx.reward(rewards[0], cand.index)
         except Exception as exc:
             cand.failed, cand.error = True, _err(exc)
         finally:
@@ -278,8 +283,8 @@ class QueryRun:
             rewards = call.result()
             for c, r in zip(ok, rewards, strict=True):
                 try:
-                    c.reward = as_reward(r, c.index)
-                except RewardError as exc:
+                    c.reward = ctx.reward(r, c.index)
+                except Exception as exc:  # this sample's value only: the others stand
                     c.failed, c.error = True, _err(exc)
         except _StopQuery:
             raise

@@ -4,7 +4,14 @@ Concurrency model. One sampler owns two semaphores per event loop: ``max_concurr
 model calls and ``max_score_concurrency`` for scorer calls, shared by every query the sampler
 runs on that loop (the global limit). The optional ``rate_limiter`` (asyncio-throttle's
 ``Throttler``, aiolimiter's ``AsyncLimiter``, or any async context manager) is entered around
-every attempt of every model and scorer call. ``timeout`` bounds each attempt (seconds).
+every attempt of every model and scorer call, once it has its slot, so the call starts as soon
+as the limiter lets it through. ``before_model_call`` is a model-only hook awaited before each
+model attempt takes its slot (e.g. a LangChain rate limiter's token: waiting for it holds no
+slot). ``timeout`` bounds each attempt (seconds), not counting either wait.
+
+One sampler (and one ``AsyncLimiter``) may serve any number of successive ``run()`` calls, each
+on its own event loop, and ``arun`` calls on any loop; see
+:func:`~beacon.engine.calls.adopt_running_loop`.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import random
 import weakref
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence, Sized
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence, Sized
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
@@ -20,10 +27,15 @@ from beacon._checks import is_real, positive_int
 from beacon._sync import run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
-from beacon.engine.calls import CallGuard
-from beacon.engine.protocol import is_inline_sync, make_generate, make_score
+from beacon.engine.calls import CallGuard, adopt_running_loop
+from beacon.engine.protocol import (
+    is_inline_sync,
+    make_generate,
+    make_score,
+    reward_rule,
+)
 from beacon.engine.query import EngineContext, QueryRun
-from beacon.errors import ConfigError
+from beacon.errors import ConfigError, ConfigTypeError
 from beacon.events import Observer
 from beacon.result import BeaconResult
 from beacon.retry import RetryPolicy
@@ -46,17 +58,19 @@ def _observers(name: str, v: Any) -> tuple[Observer, ...]:
     if v is None:
         return ()
     if callable(v) or isinstance(v, str | bytes | Mapping) or not isinstance(v, Iterable):
-        raise ConfigError(name, v, "must be a list of callables (wrap a single one in a list)")
+        raise ConfigTypeError(
+            name, v, "must be a list of callables (wrap a single one in a list)"
+        )
     out = tuple(v)
     for obs in out:
         if not callable(obs):
-            raise ConfigError(name, obs, "every observer must be callable")
+            raise ConfigTypeError(name, obs, "every observer must be callable")
     return out
 
 
 def _metadata(name: str, v: Any) -> Mapping[str, Any] | None:
     if v is not None and not isinstance(v, Mapping):
-        raise ConfigError(name, v, "must be a mapping (a dict) or None")
+        raise ConfigTypeError(name, v, "must be a mapping (a dict) or None")
     return v
 
 
@@ -64,7 +78,7 @@ def _prompts(v: Any) -> Iterable[Any]:
     # A string is one prompt, not an iterable of one-character prompts; a dict would give its
     # keys. Both are the likely mistakes of passing one prompt or an {id: prompt} mapping.
     if isinstance(v, str | bytes | Mapping) or not isinstance(v, Iterable):
-        raise ConfigError(
+        raise ConfigTypeError(
             "prompts", v, "must be an iterable of prompts (a list); for one prompt use run()"
         )
     return v
@@ -73,7 +87,7 @@ def _prompts(v: Any) -> Iterable[Any]:
 def _metadata_list(v: Any, n_prompts: int | None) -> list[Mapping[str, Any] | None]:
     """Per-prompt metadata, checked before any query starts (where the count is known)."""
     if isinstance(v, str | bytes) or not isinstance(v, Iterable):
-        raise ConfigError("metadata", v, "must be a mapping or a list of them")
+        raise ConfigTypeError("metadata", v, "must be a mapping or a list of them")
     out = list(v)
     for i, m in enumerate(out):
         _metadata(f"metadata[{i}]", m)
@@ -97,6 +111,13 @@ class BeaconSampler:
         max_score_concurrency: scorer calls in flight at once; ``None``: same as
             ``max_concurrency`` (a separate pool, so scoring never waits behind generation).
         rate_limiter: async context manager entered around every model and scorer call.
+        before_model_call: async callable (no arguments) awaited before every model call
+            attempt takes its concurrency slot, retries included, never before scorer calls:
+            a model-only rate limiter's ``acquire`` (LangChain's ``BaseRateLimiter.aacquire``,
+            aiolimiter's ``AsyncLimiter.acquire``). The wait holds no slot, does not count
+            toward ``timeout``, and the call is counted (``usage.model_calls``) only after it.
+            Where ``max_concurrency`` is the tighter limit, an attempt may wait for its slot
+            after the hook let it through.
         retry: retry policy of each call (default: 3 attempts, 0.5 s base, x2, full jitter).
         timeout: seconds allowed per call attempt (model and scorer); ``None``: no limit.
         budget: per-query caps on tokens, money and wall seconds (stop reason ``budget``).
@@ -111,6 +132,12 @@ class BeaconSampler:
         seed: seed of the backoff jitter (reproducible retry timing in tests).
 
     The prompt is opaque: it is passed unchanged to ``generate`` and ``score``.
+
+    An argument of the wrong type (``cfg`` not a ``BeaconConfig``, a ``retry`` that is not a
+    ``RetryPolicy``, a non-callable ``generate``...) is a
+    :class:`beacon.ConfigTypeError` naming it: a ``ConfigError`` and a ``TypeError`` at once
+    (as ``Stopper(cfg)`` and ``replay(rewards, cfg)`` raise for a wrong ``cfg``); a wrong value
+    is a ``ConfigError``.
     """
 
     def __init__(
@@ -122,6 +149,7 @@ class BeaconSampler:
         max_concurrency: int = 64,
         max_score_concurrency: int | None = None,
         rate_limiter: AbstractAsyncContextManager[Any] | None = None,
+        before_model_call: Callable[[], Awaitable[Any]] | None = None,
         retry: RetryPolicy = _DEFAULT_RETRY,
         timeout: float | None = 60.0,
         budget: Budget | None = None,
@@ -130,15 +158,24 @@ class BeaconSampler:
         seed: int | None = None,
     ) -> None:
         if not isinstance(cfg, BeaconConfig):
-            raise ConfigError("cfg", cfg, "must be a beacon.BeaconConfig")
+            raise ConfigTypeError(
+                "cfg", cfg, f"must be a beacon.BeaconConfig, got {type(cfg).__name__}"
+            )
         if not isinstance(retry, RetryPolicy):
-            raise ConfigError("retry", retry, "must be a beacon.RetryPolicy")
+            raise ConfigTypeError("retry", retry, "must be a beacon.RetryPolicy")
         if budget is not None and not isinstance(budget, Budget):
-            raise ConfigError("budget", budget, "must be a beacon.Budget or None")
+            raise ConfigTypeError("budget", budget, "must be a beacon.Budget or None")
         if rate_limiter is not None and not (
             hasattr(rate_limiter, "__aenter__") and hasattr(rate_limiter, "__aexit__")
         ):
-            raise ConfigError("rate_limiter", rate_limiter, "must be an async context manager")
+            raise ConfigTypeError(
+                "rate_limiter", rate_limiter, "must be an async context manager"
+            )
+        if before_model_call is not None and not callable(before_model_call):
+            raise ConfigTypeError(
+                "before_model_call", before_model_call,
+                "must be an async callable taking no arguments, or None",
+            )
         self._cfg = cfg
         self._generate_obj = generate
         self._score_obj = score
@@ -146,6 +183,7 @@ class BeaconSampler:
         self._score, self._batched = make_score(
             score, offload_sync=offload_sync, late_timeout=_timeout("timeout", timeout)
         )
+        self._reward = reward_rule(score)
         self._score_inline = is_inline_sync(score, offload_sync=offload_sync)
         self.max_concurrency = positive_int("max_concurrency", max_concurrency)
         self.max_score_concurrency = (
@@ -154,6 +192,12 @@ class BeaconSampler:
             else positive_int("max_score_concurrency", max_score_concurrency)
         )
         self.rate_limiter = rate_limiter
+        self.before_model_call = before_model_call
+        # loop-bound limiters to hand over to each query's loop (adopt_running_loop)
+        self._limiters = tuple(
+            x for x in (rate_limiter, getattr(before_model_call, "__self__", None))
+            if x is not None
+        )
         self.retry = retry
         self.timeout = _timeout("timeout", timeout)
         self.budget = budget
@@ -326,10 +370,11 @@ class BeaconSampler:
                 cfg=self._cfg,
                 generate=self._generate,
                 score=self._score,
+                reward=self._reward,
                 batched=self._batched,
                 model_guard=CallGuard(
                     asyncio.Semaphore(self.max_concurrency), self.rate_limiter, self.timeout,
-                    self.retry, self._rng,
+                    self.retry, self._rng, self.before_model_call,
                 ),
                 score_guard=CallGuard(
                     None if self._score_inline else asyncio.Semaphore(self.max_score_concurrency),
@@ -351,5 +396,7 @@ class BeaconSampler:
     ) -> BeaconResult:
         obs = self.observers + _observers("observers", observers)
         meta = dict(_metadata("metadata", metadata) or {})
+        for lim in self._limiters:
+            adopt_running_loop(lim)
         run = QueryRun(self._context(), prompt, obs, meta, query_id)
         return await run.run()

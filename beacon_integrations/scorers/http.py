@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import numbers
 import os
 import re
 import weakref
@@ -40,7 +39,8 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from beacon.errors import ConfigError
+from beacon.engine.protocol import as_reward
+from beacon.errors import ConfigError, RewardError
 from beacon_integrations.scorers.errors import (
     RewardConnectionError,
     RewardHTTPError,
@@ -199,12 +199,24 @@ def _keys(d: Mapping[str, Any]) -> list[str]:
 
 
 def _as_score(value: Any, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise RewardResponseError(path, value, "score is not a number")
-    x = float(value)
-    if not math.isfinite(x):
-        raise RewardResponseError(path, value, "score is not finite")
-    return x
+    """The engine's rule (:func:`beacon.engine.protocol.as_reward`): a finite real number, or
+    a JSON ``true``/``false`` as 1.0/0.0 (a binary verifier's verdict); else a
+    :class:`RewardResponseError` naming ``path`` and the value."""
+    try:
+        return as_reward(value, path)
+    except RewardError as exc:
+        raise RewardResponseError(path, value, exc.reason) from None
+
+
+def _checked(value: Any, path: str) -> float | RewardResponseError:
+    """``value`` as a score, or the :class:`RewardResponseError` saying why it is not one (a
+    batch keeps it in that response's place, see :meth:`HttpRewardScorer.__call__`)."""
+    if isinstance(value, RewardResponseError):
+        return value
+    try:
+        return _as_score(value, path)
+    except RewardResponseError as exc:
+        return exc
 
 
 def number_in_text(path: str) -> Callable[[Any], float]:
@@ -222,14 +234,15 @@ def number_in_text(path: str) -> Callable[[Any], float]:
     return extract
 
 
-def _vllm_batch_scores(doc: Any) -> list[float]:
+def _vllm_batch_scores(doc: Any) -> list[float | RewardResponseError]:
     """The scores of a vLLM ``/score`` answer, in the order of the request's responses.
 
     Each ``data`` element's ``index`` says which response it scores; the indices must be
     exactly a permutation of ``0..len(data)-1`` (every response once), else a
     :class:`RewardResponseError` naming ``data.*.index`` and the indices: a duplicate or a
     1-based index would otherwise give a score to the wrong response. A ``data`` list with no
-    ``index`` at all is taken in list order.
+    ``index`` at all is taken in list order. An element without a valid ``score`` gives its
+    response's error (``data.<i>.score``) in its place: it fails that response alone.
     """
     data = extract_path(doc, "data")
     if not isinstance(data, list):
@@ -246,7 +259,32 @@ def _vllm_batch_scores(doc: Any) -> list[float]:
                 f"indices must be a permutation of 0..{n - 1} (each response exactly once)",
             )
         items = sorted(zip(indices, data, strict=True), key=lambda t: t[0])
-    return [_as_score(extract_path(d, "score"), f"data.{i}.score") for i, d in items]
+    out: list[float | RewardResponseError] = []
+    for i, d in items:
+        path = f"data.{i}.score"
+        if isinstance(d, Mapping) and "score" in d:
+            out.append(_checked(d["score"], path))
+        else:
+            out.append(RewardResponseError(path, d, "no score for this response"))
+    return out
+
+
+def _vllm_single_score(doc: Any) -> float:
+    """The score of a vLLM ``/score`` answer to a request for one response.
+
+    ``data`` must be a list of exactly one element, whose ``index`` (where it has one) is 0;
+    anything else is a :class:`RewardResponseError` naming ``data`` or ``data.0.index`` and
+    the value found there, as batched mode checks its indices.
+    """
+    data = extract_path(doc, "data")
+    if not isinstance(data, list) or len(data) != 1:
+        raise RewardResponseError("data", data, "expected a list of exactly 1 score")
+    item = data[0]
+    if isinstance(item, Mapping) and "index" in item:
+        idx = item["index"]
+        if type(idx) is not int or idx != 0:
+            raise RewardResponseError("data.0.index", idx, "expected 0 (one response was sent)")
+    return _as_score(extract_path(doc, "data.0.score"), "data.0.score")
 
 
 class HttpRewardScorer:
@@ -373,9 +411,11 @@ class HttpRewardScorer:
         Assumed shape: POST ``{base_url}/score`` with ``{"model": model, "text_1": prompt,
         "text_2": response}`` (batched: ``"text_2": [responses]``) answering ``{"data":
         [{"index": i, "score": s}, ...]}``; scores are read from ``data.0.score`` (batched:
-        every ``data[*].score``, ordered by ``index``; indices that are not exactly a
-        permutation of ``0..n-1`` -- a duplicate, a 1-based index -- are a
-        :class:`RewardResponseError` naming ``data.*.index``). The prompt should be a string.
+        every ``data[*].score``, ordered by ``index``). Indices that are not exactly a
+        permutation of ``0..n-1`` -- a duplicate, a 1-based index, in single mode anything
+        but 0 -- are a :class:`RewardResponseError` naming the field (``data.*.index``,
+        ``data.0.index``) and the value; a single answer must have exactly one ``data``
+        element. The prompt should be a string.
         """
         return cls(
             base_url.rstrip("/") + path,
@@ -384,7 +424,7 @@ class HttpRewardScorer:
                 "text_1": "{prompt}",
                 "text_2": "{responses}" if batched else "{response}",
             },
-            score_path=_vllm_batch_scores if batched else "data.0.score",
+            score_path=_vllm_batch_scores if batched else _vllm_single_score,
             batched=batched,
             api_key_env=api_key_env,
             **kwargs,
@@ -392,14 +432,20 @@ class HttpRewardScorer:
 
     # -- scoring --------------------------------------------------------------------------------
     async def __call__(self, prompt: Any, response: Any) -> Any:
-        """``(prompt, text) -> float``; in batched mode ``(prompt, [texts]) -> [floats]``."""
+        """``(prompt, text) -> float``; in batched mode ``(prompt, [texts]) -> [floats]``.
+
+        This is the engine's entry: in batched mode a response whose score is invalid (null,
+        a string, NaN...) gets its :class:`RewardResponseError` in its place, so the engine
+        fails that sample alone, reporting the error (as for any batched scorer, see
+        :func:`beacon.engine.protocol.as_reward`). :meth:`score_batch` raises it instead.
+        """
         if self.batched:
             if isinstance(response, str | bytes) or not isinstance(response, Iterable):
                 # a lone text would be split into characters, one request item each
                 raise RewardRequestError(
                     "responses", response, "a batched scorer takes a list of response texts"
                 )
-            return await self.score_batch(prompt, list(response))
+            return await self._batch(prompt, list(response))
         return await self.score(prompt, response)
 
     async def score(self, prompt: Any, response: str) -> float:
@@ -412,14 +458,20 @@ class HttpRewardScorer:
         doc = await self._post(_encode(body, values))
         out = self._extract(doc)
         if self.batched:
-            scores = self._as_list(out, 1)
-            return scores[0]
+            return _strict(self._as_list(out, 1))[0]
         return _as_score(out, self._path_name())
 
     async def score_batch(self, prompt: Any, responses: list[str]) -> list[float]:
-        """Score many responses: one request in batched mode, else concurrent single requests."""
+        """Score many responses: one request in batched mode, else concurrent single requests.
+
+        Any invalid score is a :class:`RewardResponseError` naming its field.
+        """
         if not self.batched:
             return list(await asyncio.gather(*(self.score(prompt, r) for r in responses)))
+        return _strict(await self._batch(prompt, responses))
+
+    async def _batch(self, prompt: Any, responses: list[str]) -> list[float | RewardResponseError]:
+        """One request for all ``responses``; an invalid score is left as its error."""
         if not responses:
             return []
         values = {"prompt": prompt, "responses": list(responses)}
@@ -438,13 +490,14 @@ class HttpRewardScorer:
             return self.score_path(doc)
         return extract_path(doc, self.score_path)
 
-    def _as_list(self, out: Any, n: int) -> list[float]:
+    def _as_list(self, out: Any, n: int) -> list[float | RewardResponseError]:
+        """``n`` scores, each a float or the error of an invalid one (a wrong list raises)."""
         name = self._path_name()
         if not isinstance(out, list):
             raise RewardResponseError(name, out, f"expected a list of {n} scores")
         if len(out) != n:
             raise RewardResponseError(name, out, f"expected {n} scores, got {len(out)}")
-        return [_as_score(v, f"{name}[{i}]") for i, v in enumerate(out)]
+        return [_checked(v, f"{name}[{i}]") for i, v in enumerate(out)]
 
     # -- transport ------------------------------------------------------------------------------
     async def _session(self) -> aiohttp.ClientSession:
@@ -542,6 +595,16 @@ async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncGenera
         yield
     finally:
         await session.close()
+
+
+def _strict(scores: list[float | RewardResponseError]) -> list[float]:
+    """The scores, or the first invalid one's error raised."""
+    out: list[float] = []
+    for v in scores:
+        if isinstance(v, RewardResponseError):
+            raise v
+        out.append(v)
+    return out
 
 
 def _encode(body: Any, values: Mapping[str, Any]) -> bytes:
