@@ -96,6 +96,7 @@ __all__ = [
     "interpolate_fixed",
     "load_logged",
     "logged_from_records",
+    "name_reward_error",
     "quality_of",
     "standardize",
     "sweep_costs",
@@ -108,9 +109,11 @@ QualityKind = Literal["standardized", "reward", "accuracy"]
 QUALITY_KINDS: tuple[str, ...] = ("standardized", "reward", "accuracy")
 ProgressFn = Callable[[int, int], None]
 
-# Relative size below which a prompt's reward spread counts as zero (all rewards equal up to
-# float rounding of the mean); such prompts get zhat = 0 instead of a division by ~0.
-_STD_EPS = 1e-9
+# Relative size (to the largest |reward| of the prompt) below which a prompt's reward spread
+# counts as zero: all rewards equal up to float rounding of the mean (about 1e-16 relative), so
+# such prompts get zhat = 0 instead of a division by ~0. Relative, not absolute: rewards on a
+# 1e-9 scale have a real spread.
+_STD_EPS = 1e-12
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,7 +335,10 @@ def _parse_number_list(
         elif labels and (isinstance(v, bool) or v in (0, 1)):
             out.append(1.0 if v else 0.0)
         elif not labels and isinstance(v, int | float) and not isinstance(v, bool):
-            fv = float(v)
+            try:
+                fv = float(v)
+            except OverflowError:  # a JSON integer beyond the float range
+                fv = math.inf
             if math.isinf(fv):
                 raise LogFormatError(path, line, f"{name}[{j}]", v, "rewards must be finite")
             out.append(fv)
@@ -374,9 +380,29 @@ def _record_row(
     return str(rid), [rewards[j] for j in keep], kept_labels
 
 
-def _build(rows: list[tuple[str, list[float], list[float] | None]], source: str) -> LoggedRewards:
+def _build(
+    rows: list[tuple[str, list[float], list[float] | None]],
+    source: str,
+    lines: Sequence[int] | None = None,
+) -> LoggedRewards:
+    """``rows`` (id, rewards, labels) as :class:`LoggedRewards`; ``lines[i]`` is row i's line."""
     if not rows:
         raise LogFormatError(source, None, "file", source, "holds no prompt (empty log)")
+    where = list(range(1, len(rows) + 1)) if lines is None else list(lines)
+    first: dict[str, int] = {}
+    for (rid, _, _), line in zip(rows, where, strict=True):
+        if rid in first:
+            # Two lines of one prompt would be scored twice, and cross-fitting could fit a
+            # prompt's prior on its own rewards (the other line in another fold).
+            raise LogFormatError(
+                source,
+                line,
+                "id",
+                rid,
+                f"repeats the id of line {first[rid]}; a log has one line per prompt: merge "
+                "the lines' samples into one, or give them distinct ids",
+            )
+        first[rid] = line
     ids = tuple(r[0] for r in rows)
     rewards = _pad([np.asarray(r[1], dtype=np.float64) for r in rows])
     correct: FloatArray | None = None
@@ -401,7 +427,8 @@ def load_logged(path: str | Path) -> LoggedRewards:
     """Read a logged-rewards JSONL file (format in the module docstring).
 
     Blank lines are skipped. Raises :class:`LogFormatError` with the 1-based line number and the
-    reason for a line that is not a JSON object of the expected shape, and for a missing file.
+    reason for a line that is not a JSON object of the expected shape, that is not UTF-8 text,
+    or that repeats an earlier line's ``id`` (one line per prompt), and for a missing file.
     """
     p = Path(path)
     src = str(p)
@@ -410,22 +437,45 @@ def load_logged(path: str | Path) -> LoggedRewards:
     if p.is_dir():
         raise LogFormatError(src, None, "file", src, "is a directory, not a JSONL file")
     rows: list[tuple[str, list[float], list[float] | None]] = []
-    with p.open("r", encoding="utf-8-sig") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise LogFormatError(
-                    src,
-                    lineno,
-                    "line",
-                    text.strip(),
-                    f"not valid JSON ({exc.msg}, column {exc.colno})",
-                ) from exc
-            rows.append(_record_row(rec, src, lineno, str(lineno)))
-    return _build(rows, src)
+    lines: list[int] = []
+    try:
+        with p.open("r", encoding="utf-8-sig") as fh:
+            for lineno, text in enumerate(fh, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    rec = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise LogFormatError(
+                        src,
+                        lineno,
+                        "line",
+                        text.strip(),
+                        f"not valid JSON ({exc.msg}, column {exc.colno})",
+                    ) from exc
+                rows.append(_record_row(rec, src, lineno, str(lineno)))
+                lines.append(lineno)
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(p) from exc
+    return _build(rows, src, lines)
+
+
+def _not_utf8(path: Path) -> LogFormatError:
+    """The error for a file that is not UTF-8: the line and the bytes that do not decode."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        return LogFormatError(
+            str(path),
+            line,
+            "line",
+            raw[exc.start : exc.end],
+            f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {col}); save the log as UTF-8",
+        )
+    return LogFormatError(str(path), None, "file", str(path), "not UTF-8 text")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,15 +668,19 @@ def _check_crossfit(data: LoggedRewards, crossfit: CrossFit) -> None:
 def standardize(rewards: FloatArray) -> FloatArray:
     """Z-score each row by its own mean and population std over its finite entries.
 
-    ``zhat_ij = (r_ij - mean_i) / std_i``; rows whose spread is zero (relative to their
-    magnitude, up to float rounding) get ``zhat = 0``. NaN stays NaN.
+    ``zhat_ij = (r_ij - mean_i) / std_i``; rows whose spread is zero (relative to their largest
+    ``|r|``, up to float rounding) get ``zhat = 0``, whatever the scale of the rewards: z-scores
+    do not change when every reward is multiplied by a constant. NaN stays NaN.
     """
     r = np.asarray(rewards, dtype=np.float64)
     with np.errstate(invalid="ignore"):
+        scale = np.nanmax(np.abs(r), axis=1, keepdims=True)
+        # Each row in units of its largest |r| first: the squares of 1e-200 or 1e200 rewards
+        # would under- or overflow. z-scores do not change.
+        r = r / np.where(scale > 0, scale, 1.0)
         mean = np.nanmean(r, axis=1, keepdims=True)
         sd = np.nanstd(r, axis=1, keepdims=True)
-    scale = np.maximum(1.0, np.nanmax(np.abs(r), axis=1, keepdims=True))
-    flat = sd <= _STD_EPS * scale
+    flat = sd <= _STD_EPS
     z = (r - mean) / np.where(flat, 1.0, sd)
     return np.where(flat & ~np.isnan(r), 0.0, z)
 
@@ -706,6 +760,8 @@ def _metrics(
         if known.any():
             accuracy = float(np.mean(labels[known]))
     k = n_samples.astype(np.float64)
+    with np.errstate(over="ignore"):  # an absurd c (1e308) gives value -inf, not a warning
+        value = float(np.mean(zbest - k * cost))
     return PolicyMetrics(
         policy=policy,
         n=n,
@@ -714,7 +770,7 @@ def _metrics(
         mean_best_reward=float(np.mean(best)),
         mean_standardized_reward=float(np.mean(zbest)),
         accuracy=accuracy,
-        value=float(np.mean(zbest - k * cost)),
+        value=value,
     )
 
 
@@ -732,6 +788,23 @@ def evaluate_fixed(data: LoggedRewards, horizon: int, cost: float) -> list[Polic
     return out
 
 
+def name_reward_error(
+    data: LoggedRewards, exc: RewardError, rows: IntArray | None = None
+) -> RewardError:
+    """``exc`` with its ``(row, column)`` position named by prompt id, as the user knows it.
+
+    ``rows`` maps the rows of the array that raised to the prompts of ``data`` (None: the same
+    rows). A position of another form is returned unchanged.
+    """
+    pos = exc.position
+    n = data.n_prompts if rows is None else rows.size
+    if isinstance(pos, tuple) and len(pos) == 2 and 0 <= int(pos[0]) < n:
+        i = int(pos[0]) if rows is None else int(rows[int(pos[0])])
+        where = f"prompt {data.ids[i]!r} (record {i + 1}), sample {pos[1]}"
+        return RewardError(where, exc.value, exc.reason)
+    return exc
+
+
 def _replay_rows(data: LoggedRewards, rows: IntArray, cfg: BeaconConfig) -> Any:
     """:func:`beacon.replay.replay` of the prompts ``rows``; errors name the prompt by id."""
     from beacon.replay import replay
@@ -740,12 +813,10 @@ def _replay_rows(data: LoggedRewards, rows: IntArray, cfg: BeaconConfig) -> Any:
         return replay(data.rewards[rows, : cfg.horizon], cfg)
     except RewardError as exc:
         # replay names (row, column) of its array; the user knows prompts by id.
-        pos = exc.position
-        if isinstance(pos, tuple) and len(pos) == 2 and 0 <= int(pos[0]) < rows.size:
-            i = int(rows[int(pos[0])])
-            where = f"prompt {data.ids[i]!r} (record {i + 1}), sample {pos[1]}"
-            raise RewardError(where, exc.value, exc.reason) from exc
-        raise
+        named = name_reward_error(data, exc, rows)
+        if named is exc:
+            raise
+        raise named from exc
 
 
 def evaluate_beacon(
@@ -1233,16 +1304,17 @@ def tune(
     quality: QualityKind | None = None,
     progress: ProgressFn | None = None,
     crossfit: CrossFit | None = None,
+    n_costs: int = 25,
 ) -> TuneResult:
     """Sweep ``c``, find the knee, and recommend a ``c`` (the knee, or one meeting a budget).
 
     ``data`` is the raw log (``bernoulli`` uses its labels). ``costs`` defaults to
-    :func:`cost_grid` followed by a second log grid of as many points over the range where
-    ``E[K]`` changes. ``target_samples`` (``E[K]`` at most this) and ``max_quality_loss``
-    (quality at least best-of-horizon's minus this) are mutually exclusive. ``progress(done,
-    total)`` is called after each replay of the sweep. With ``crossfit`` (:func:`cross_fit` on
-    the same log) every replay uses the prior fitted without the replayed prompts, and costs
-    are in per-prompt standardized units (see :func:`evaluate`).
+    :func:`cost_grid` (``n_costs`` costs) followed by a second log grid of as many points over
+    the range where ``E[K]`` changes. ``target_samples`` (``E[K]`` at most this) and
+    ``max_quality_loss`` (quality at least best-of-horizon's minus this) are mutually exclusive.
+    ``progress(done, total)`` is called after each replay of the sweep. With ``crossfit``
+    (:func:`cross_fit` on the same log) every replay uses the prior fitted without the replayed
+    prompts, and costs are in per-prompt standardized units (see :func:`evaluate`).
     """
     if target_samples is not None and max_quality_loss is not None:
         raise ConfigError(
@@ -1258,7 +1330,7 @@ def tune(
     cfg, requested = cap_horizon(data, cfg)
     data = data.truncate(cfg.horizon)
     if costs is None:
-        grid = cost_grid(data, cfg, crossfit=crossfit)
+        grid = cost_grid(data, cfg, n_costs, crossfit=crossfit)
         total = 2 * grid.size
 
         def first_pass(done: int, _total: int) -> None:

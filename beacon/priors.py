@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from beacon._checks import is_real
 from beacon.errors import ConfigError
 
 __all__ = [
@@ -34,10 +35,13 @@ __all__ = [
 
 
 def _finite(field: str, value: float) -> float:
+    # A string ("1") or a boolean in a prior file is a mistake, not a number to convert.
+    if not is_real(value):
+        raise ConfigError(field, value, "must be a real number")
     try:
         v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(field, value, "must be a real number") from exc
+    except OverflowError:  # an integer beyond the float range
+        v = math.inf
     if not math.isfinite(v):
         raise ConfigError(field, value, "must be finite")
     return v
@@ -169,22 +173,45 @@ class BetaPrior:
 Prior = NIGPrior | BetaPrior
 
 
+_PRIOR_CLASSES: dict[str, type[NIGPrior] | type[BetaPrior]] = {
+    "normal": NIGPrior,
+    "bernoulli": BetaPrior,
+}
+
+
 def prior_from_dict(data: dict[str, Any]) -> Prior:
-    """Rebuild a prior from :meth:`NIGPrior.to_dict` / :meth:`BetaPrior.to_dict` output."""
+    """Rebuild a prior from :meth:`NIGPrior.to_dict` / :meth:`BetaPrior.to_dict` output.
+
+    ``family`` may be left out (``a0`` means bernoulli, otherwise normal); every parameter of
+    the family is required (a missing ``beta0`` silently taken as 0 would be another prior)
+    and an unknown one is an error naming it.
+    """
     if not isinstance(data, dict):
         raise ConfigError("prior", data, "must be a JSON object")
     fields = {k: v for k, v in data.items() if k != "family"}
     family = data.get("family")
     if family is None:
         family = "bernoulli" if "a0" in fields else "normal"
-    try:
-        if family == "normal":
-            return NIGPrior(**fields)
-        if family == "bernoulli":
-            return BetaPrior(**fields)
-    except TypeError as exc:
-        raise ConfigError("prior", data, f"unexpected fields for family {family!r}") from exc
-    raise ConfigError("prior.family", family, "must be 'normal' or 'bernoulli'")
+    if not isinstance(family, str) or family not in _PRIOR_CLASSES:
+        raise ConfigError("prior.family", family, "must be 'normal' or 'bernoulli'")
+    cls = _PRIOR_CLASSES[family]
+    names = list(cls.__dataclass_fields__)
+    unknown = [k for k in fields if k not in names]
+    if unknown:
+        raise ConfigError(
+            f"prior.{unknown[0]}",
+            fields[unknown[0]],
+            f"unknown field of a {family} prior (its fields: {', '.join(names)})",
+        )
+    missing = [k for k in names if k not in fields]
+    if missing:
+        cls(**fields)  # a bad value among the given fields is reported first
+        raise ConfigError(
+            f"prior.{missing[0]}",
+            None,
+            f"missing; a {family} prior needs {', '.join(names)}",
+        )
+    return cls(**fields)
 
 
 def load_prior(path: str | Path) -> Prior:

@@ -513,6 +513,151 @@ def test_readme_caption_quotes_the_fitted_variant() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# hostile inputs
+# ---------------------------------------------------------------------------------------------
+def _writing_log(path: Path, scale: float = 1.0, shift: float = 0.0, n: int | None = None) -> Path:
+    """The creative-writing log with every reward r as shift + scale * r (the first n prompts)."""
+    rows = [json.loads(line) for line in WRITING.read_text().splitlines() if line.strip()][:n]
+    path.write_text(
+        "".join(
+            json.dumps({"id": r["id"], "rewards": [shift + scale * x for x in r["rewards"]]})
+            + "\n"
+            for r in rows
+        )
+    )
+    return path
+
+
+def test_log_errors_are_clean_for_bytes_big_integers_and_repeated_ids(tmp_path: Path) -> None:
+    cases = {
+        "latin1.jsonl": (b'{"id": "caf\xe9", "rewards": [1, 2, 3, 4]}\n', ":1:", "not UTF-8"),
+        "bigint.jsonl": (b'{"rewards": [1' + b"0" * 400 + b", 2, 3, 4]}\n", "rewards[0]", "finite"),
+        "dup.jsonl": (
+            b'{"id": "a", "rewards": [1, 2, 3, 4]}\n{"id": "a", "rewards": [5, 6, 7, 8]}\n',
+            ":2: invalid id='a'",
+            "repeats the id of line 1",
+        ),
+    }
+    for name, (raw, where, why) in cases.items():
+        log = tmp_path / name
+        log.write_bytes(raw)
+        for cmd in (("replay", log, "-c", "0.1"), ("fit-prior", log, "-o", tmp_path / "p.json")):
+            code, out, err = run(*cmd)  # run() re-raises anything but a clean exit
+            flat = " ".join(err.split())
+            assert code == 1 and out == "" and where in flat and why in flat, (name, err)
+
+
+def test_zhat_does_not_depend_on_the_scale_of_the_rewards(tmp_path: Path) -> None:
+    want = json.loads(run("replay", WRITING, "-c", "0.15", "--prior", "fit", "--json")[1])
+    for scale, shift in ((1e-9, 0.0), (1e-9, 1.0), (1e9, 5e9)):
+        log = _writing_log(tmp_path / "scaled.jsonl", scale, shift)
+        code, out, _ = run("replay", log, "-c", "0.15", "--prior", "fit", "--json")
+        got = json.loads(out)
+        assert code == 0
+        for key in ("avg_samples", "mean_standardized_reward"):
+            assert got["beacon"][key] == pytest.approx(want["beacon"][key], abs=1e-5), (scale, key)
+        assert got["fixed"][-1]["mean_standardized_reward"] == pytest.approx(
+            want["fixed"][-1]["mean_standardized_reward"], abs=1e-5
+        )
+
+
+def test_raw_rewards_are_printed_readably_at_any_scale(tmp_path: Path) -> None:
+    log = _writing_log(tmp_path / "tiny.jsonl", 1e-9)
+    code, out, err = run("replay", log, "-c", "1e-10")
+    best = load_logged(log).rewards.max(axis=1).mean()
+    assert code == 0 and f"{best:.4g}" in out  # not 0.000
+    # the Jeffreys prior cannot resolve a 1e-9 spread (sigma floor): a note says so
+    flat = " ".join(err.split())
+    assert "typical within-prompt sd is 1.11e-09" in flat and "floored at 1e-06" in flat
+    code, out, _ = run("tune", log, "--prior", "fit")
+    flat = " ".join(out.split())
+    assert code == 0 and "mean raw reward of the chosen sample: BEACON 7.7" in flat
+    assert "e-09" in flat and "(+0.000)" not in flat
+
+
+def test_json_output_stays_strict_json_for_an_absurd_cost() -> None:
+    code, out, _ = run("replay", WRITING, "-c", "1e308", "--json")
+    assert code == 0
+
+    def no_constant(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    got = json.loads(out, parse_constant=no_constant)
+    assert got["beacon"]["value"] is None  # -inf has no JSON form
+
+
+def test_plot_path_is_checked_before_the_sweep(tmp_path: Path) -> None:
+    code, _, err = run("tune", WRITING, "--plot", tmp_path)
+    assert code == 2 and "--plot" in err and "is a directory" in err
+    assert not tmp_path.with_suffix(".png").exists()  # matplotlib would have written <dir>.png
+    code, _, err = run("tune", WRITING, "--plot", tmp_path / "plot.xyz")
+    flat = " ".join(err.split())
+    assert code == 2 and "cannot write '.xyz' images" in flat and ".svg" in flat
+    # no extension: a PNG at exactly the path given (not at path.png)
+    plain = tmp_path / "plot"
+    code, out, _ = run("tune", GAME24, "--family", "bernoulli", "--plot", plain)
+    assert code == 0 and plain.read_bytes()[:4] == b"\x89PNG"
+    assert f"Plot written to {plain}" in " ".join(out.split())
+    assert not plain.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize("option", ["--cost-min", "--cost-max"])
+def test_tune_cost_bounds_must_be_finite_and_positive(option: str) -> None:
+    for value in ("inf", "nan", "-1"):
+        code, out, err = run("tune", WRITING, option, value)
+        assert code == 2 and out == "" and option in err and "finite number > 0" in err
+
+
+def test_tune_points_sets_both_passes_of_the_default_sweep() -> None:
+    code, out, _ = run("tune", WRITING, "--points", "7", "--json")
+    got = json.loads(out)
+    assert code == 0 and len(got["sweep"]) == 7 and len(got["baseline"]["sweep"]) == 7
+    # as many costs as the default's 25 per pass, over the range where E[K] changes
+    ks = [p["avg_samples"] for p in got["sweep"]]
+    assert ks[0] > ks[-1]
+
+
+def test_prior_fit_on_a_log_of_few_prompts(tmp_path: Path) -> None:
+    three = _writing_log(tmp_path / "three.jsonl", n=3)
+    code, out, err = run("replay", three, "-c", "0.1", "--prior", "fit", "--json")
+    assert code == 0 and json.loads(out)["crossfit"]["folds"] == 3
+    assert any("cross-fitting on 3 folds" in n for n in json.loads(out)["notes"])
+    two = _writing_log(tmp_path / "two.jsonl", n=2)
+    for cmd in (("tune", two), ("replay", two, "-c", "0.1", "--prior", "fit")):
+        code, _, err = run(*cmd)
+        flat = " ".join(err.split())
+        assert code == 2 and "'--prior'" in flat and "--prior default" in flat, flat
+        assert "folds <= " not in flat
+
+
+def test_prior_word_misspelled_says_what_prior_takes() -> None:
+    code, _, err = run("replay", WRITING, "-c", "0.1", "--prior", "Fit")
+    flat = " ".join(err.split())
+    assert code == 2 and "file 'Fit' does not exist" in flat and "is not fit, default" in flat
+
+
+@pytest.mark.parametrize(
+    ("prior", "field", "reason"),
+    [
+        ({"family": "normal", "mu0": 0, "nu0": 1, "alpha0": "1", "beta0": 1}, "alpha0", "real"),
+        ({"family": "normal", "mu0": 0, "nu0": 1, "alpha0": True, "beta0": 1}, "alpha0", "real"),
+        ({"family": "normal", "mu0": 0, "nu0": 1, "alpha0": 2}, "beta0", "missing"),
+        ({"mu0": 0, "nu0": 1, "alpha0": 2, "beta0": 1, "beta": 3}, "beta", "unknown field"),
+    ],
+)
+def test_prior_file_values_and_fields_are_checked(
+    tmp_path: Path, prior: dict[str, object], field: str, reason: str
+) -> None:
+    path = tmp_path / "prior.json"
+    path.write_text(json.dumps({"prior": prior}))
+    replay = ("replay", WRITING, "-c", "0.1", "--prior", path)
+    for cmd in (replay, ("table", "-n", "8", "--prior", path)):
+        code, _, err = run(*cmd)
+        flat = " ".join(err.split())
+        assert code == 1 and f"prior.{field}=" in flat and reason in flat, flat
+
+
+# ---------------------------------------------------------------------------------------------
 # table
 # ---------------------------------------------------------------------------------------------
 def test_table_builds_then_loads_from_cache(

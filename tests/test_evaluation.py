@@ -149,6 +149,34 @@ def test_logged_from_records_matches_file(tmp_path: Path) -> None:
         logged_from_records([{"rewards": [1]}, {"rewards": "x"}])
 
 
+def test_a_file_that_is_not_utf8_names_the_line_and_the_byte(tmp_path: Path) -> None:
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes(b'{"id": "a", "rewards": [1, 2]}\n{"id": "caf\xe9", "rewards": [1, 2]}\n')
+    with pytest.raises(LogFormatError) as info:
+        load_logged(p)
+    msg = str(info.value)
+    assert f"{p}:2:" in msg and "not UTF-8" in msg and "0xe9" in msg
+    assert info.value.line == 2 and info.value.field == "line"
+
+
+def test_an_integer_beyond_the_float_range_is_a_log_error(tmp_path: Path) -> None:
+    p = write_lines(tmp_path, ['{"rewards": [1' + "0" * 400 + ", 2]}"])
+    with pytest.raises(LogFormatError, match=r":1: invalid rewards\[0\]=1000.*finite"):
+        load_logged(p)
+
+
+def test_a_repeated_prompt_id_is_a_log_error(tmp_path: Path) -> None:
+    # Two lines of one prompt would be scored twice and could land in different cross-fitting
+    # folds, each fitted on the other's rewards.
+    lines = ['{"id": "a", "rewards": [1, 2]}', "", '{"id": "b", "rewards": [1, 2]}']
+    p = write_lines(tmp_path, [*lines, '{"id": "a", "rewards": [3, 4]}'])
+    with pytest.raises(LogFormatError) as info:
+        load_logged(p)
+    assert f"{p}:4: invalid id='a': repeats the id of line 1" in str(info.value)
+    with pytest.raises(LogFormatError, match="<records>:2: invalid id='7'"):
+        logged_from_records([{"id": 7, "rewards": [1]}, {"id": "7", "rewards": [2]}])
+
+
 # ---------------------------------------------------------------------------------------------
 # standardization and best-of-N
 # ---------------------------------------------------------------------------------------------
@@ -163,6 +191,17 @@ def test_standardize_is_per_row_population_zscore() -> None:
     # Zero spread (exactly, or up to the rounding of the mean of 0.1s): zhat = 0, never inf.
     np.testing.assert_array_equal(z[1], 0.0)
     np.testing.assert_array_equal(z[2, :3], 0.0)
+
+
+def test_standardize_does_not_depend_on_the_scale_of_the_rewards() -> None:
+    # z-scores are scale-free: rewards on a 1e-9 scale (or a 1e-9 spread around 1.0) have the
+    # same zhat as the same rewards in units, not zhat = 0 as if every reward were equal.
+    r = load_logged(WRITING).rewards
+    z = standardize(r)
+    for scaled in (r * 1e-9, 1.0 + r * 1e-9, r * 1e9 + 5e9, r * 1e-300):
+        np.testing.assert_allclose(standardize(scaled), z, atol=1e-5)  # rounding of 1 + 1e-9 r
+    np.testing.assert_array_equal(standardize(np.full((1, 4), 1e-12)), 0.0)
+    np.testing.assert_array_equal(standardize(np.zeros((1, 4))), 0.0)
 
 
 def test_standardization_uses_all_logged_samples_even_after_truncation() -> None:
@@ -412,6 +451,15 @@ def test_tune_bernoulli_end_to_end() -> None:
             target_samples=3,
             max_quality_loss=0.1,
         )
+
+
+def test_tune_n_costs_sets_the_size_of_both_sweep_passes() -> None:
+    # The default sweep: a coarse pass, then the reported pass over where E[K] changes.
+    d, cfg = load_logged(WRITING), beacon.BeaconConfig(cost=0.1, horizon=10)
+    assert len(tune(d, cfg).points) == 25
+    calls: list[tuple[int, int]] = []
+    res = tune(d, cfg, n_costs=6, progress=lambda done, total: calls.append((done, total)))
+    assert len(res.points) == 6 and calls[-1] == (12, 12)
 
 
 def test_subset_keeps_alignment() -> None:

@@ -71,3 +71,36 @@ def test_fit_prior_usage_errors(tmp_path: Path) -> None:
     fail = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--transform", "logit"])
     assert fail.exit_code == 1 and "reward" in fail.output
     assert not out.exists()
+
+
+def test_fit_prior_takes_the_transform_file_that_tune_prints(tmp_path: Path) -> None:
+    # `beacon tune --transform t.json` prints `beacon fit-prior LOG --transform t.json -o ...`
+    # as its deploy command: that command has to work.
+    rng = np.random.default_rng(3)
+    log = _log(tmp_path / "log.jsonl", rng.beta(0.4, 0.6, (30, 6)))
+    tfile = tmp_path / "t.json"
+    tfile.write_text(json.dumps({"kind": "logit", "eps": 0.001}))
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--transform", str(tfile)])
+    assert res.exit_code == 0, res.output
+    assert "on logit-transformed rewards" in " ".join(res.output.split())
+    fit = load_fit(out)
+    assert fit.transform is not None and fit.transform.to_dict() == {"kind": "logit", "eps": 0.001}
+    from beacon.evaluation import load_logged
+    from beacon.fitting import fit_reward_model
+
+    assert fit.prior == fit_reward_model(load_logged(log).rewards, transform=fit.transform).prior
+    bern = runner.invoke(
+        app, ["fit-prior", str(log), "-o", str(out), "--family", "judge", "--transform", str(tfile)]
+    )
+    assert bern.exit_code == 2 and "takes raw rewards" in bern.output
+
+
+def test_fit_prior_reward_errors_name_the_prompt(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"id": "q1", "rewards": [0.2, 0.4]}\n{"id": "q2", "rewards": [0.5, 3.0]}\n')
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--family", "judge"])
+    flat = " ".join(res.output.split())
+    assert res.exit_code == 1 and "prompt 'q2' (record 2), sample 1: 3.0" in flat
+    assert "(1, 1)" not in flat and not out.exists()

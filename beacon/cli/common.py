@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import wraps
@@ -36,13 +36,14 @@ from rich.progress import (
 )
 
 from beacon.config import BeaconConfig
-from beacon.errors import BeaconError, ConfigError
+from beacon.errors import BeaconError, ConfigError, RewardError
 from beacon.evaluation import (
     DEFAULT_FOLDS,
     FIT_TRANSFORMS,
     CrossFit,
     LogFormatError,
     LoggedRewards,
+    PolicyMetrics,
     cross_fit,
     load_logged,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "LogSetup",
     "build_config",
     "check_input_file",
+    "echo_json",
     "err_console",
     "fail",
     "guarded",
@@ -71,6 +73,8 @@ __all__ = [
     "parse_transform",
     "progress_bar",
     "resolve_prior_and_transform",
+    "reward_scale",
+    "scale_note",
     "select_prompts",
     "spinner",
     "usage_error",
@@ -544,8 +548,20 @@ def log_setup(
     """
     check_family(family)
     mode = prior_mode(prior, default_prior)
+    notes: list[str] = []
+    if mode == "file" and not Path(str(prior)).exists():
+        usage_error(
+            f"file {prior!r} does not exist (and {prior!r} is not {PRIOR_FIT}, "
+            f"{' or '.join(_DEFAULT_PRIOR_WORDS)})",
+            "--prior",
+        )
     if mode == PRIOR_FIT:
         fitted_with, spec, k = _fit_options(data, family, transform, folds)
+        if k < DEFAULT_FOLDS and folds is None:
+            notes.append(
+                f"cross-fitting on {k} folds of one prompt each: the log has fewer prompts than "
+                f"the default {DEFAULT_FOLDS} folds"
+            )
     else:
         if folds is not None:
             usage_error(f"{folds}: --folds is only used with --prior fit", "--folds")
@@ -557,10 +573,11 @@ def log_setup(
             )
         spec = "none" if transform is None else transform
     # With --prior fit the config keeps the family defaults: each fold's fit replaces them.
-    prior_obj, tr, notes = resolve_prior_and_transform(
+    prior_obj, tr, resolved = resolve_prior_and_transform(
         None if mode in (PRIOR_FIT, PRIOR_DEFAULT) else Path(str(prior)),
         None if mode == PRIOR_FIT else transform,
     )
+    notes += resolved
     fam_data = data.for_family(family)  # a bernoulli log without 0/1 labels fails here
     if family == "normal" and data.is_binary:
         notes = [
@@ -595,10 +612,40 @@ def log_setup(
     else:
         cfg = build_config(horizon=horizon, **fields)
     if mode != PRIOR_FIT:
-        return LogSetup(cfg, None, notes, spec)
+        return LogSetup(cfg, None, notes + scale_note(fam_data, cfg), spec)
     with spinner(f"fitting the prior on {k} folds"):
         cf = cross_fit(data, family, fitted_with, k)
     return LogSetup(cfg, cf, notes, spec)
+
+
+def scale_note(data: LoggedRewards, cfg: BeaconConfig, what: str = "") -> list[str]:
+    """A note when the rewards' spread is below what the normal family resolves.
+
+    The family floors its posterior scale at ``SIGMA_FLOOR`` (1e-6), so with a typical
+    within-prompt sd under 10 times that the rule weighs ``c`` against the floor, not the
+    spread (a ``c`` on the rewards' scale samples every prompt to the horizon). ``what``
+    names the variant for tune's baseline.
+    """
+    if cfg.family != "normal":
+        return []
+    from beacon.families.normal import SIGMA_FLOOR
+
+    try:
+        x = data.rewards if cfg.transform is None else cfg.transform.apply(data.rewards)
+    except RewardError:
+        return []  # outside the transform's domain: the replay reports it, naming the prompt
+    with np.errstate(invalid="ignore"):
+        sd = np.nanstd(x, axis=1)
+    sd = sd[np.isfinite(sd) & (sd > 0)]
+    if sd.size == 0 or float(np.median(sd)) >= 10 * SIGMA_FLOOR:
+        return []
+    return [
+        f"{what}the rewards' typical within-prompt sd is {float(np.median(sd)):.3g}, below what "
+        f"the normal model resolves (its posterior scale is floored at {SIGMA_FLOOR:g}), so it "
+        "weighs c against that floor instead of the rewards' spread; multiply the rewards "
+        "(and c) by a constant, or use --prior fit (its gaussianize transform does not depend "
+        "on the scale)"
+    ]
 
 
 def _fit_options(
@@ -626,8 +673,15 @@ def _fit_options(
         )
     if family != "normal" and spec != "none":
         usage_error(f"{spec!r}: the {family} family takes raw rewards", "--transform")
-    k = DEFAULT_FOLDS if folds is None else folds
     n_prompts = data.for_family(family).n_prompts
+    if n_prompts < 3:
+        usage_error(
+            f"'fit' fits each prompt's prior on at least 2 other prompts, and {data.source} has "
+            f"{n_prompts}: use --prior default (or a prior file)",
+            "--prior",
+        )
+    # Without --folds a log of fewer prompts than the default folds is cross-fitted leave-one-out.
+    k = min(DEFAULT_FOLDS, n_prompts) if folds is None else folds
     if not 2 <= k <= n_prompts:
         usage_error(f"{k}: need 2 <= folds <= {n_prompts} (the prompts in the log)", "--folds")
     return fitted_with, spec, k
@@ -646,14 +700,38 @@ def horizon_note(requested: int | None, cfg: BeaconConfig, data: LoggedRewards) 
     ]
 
 
+def echo_json(obj: Any) -> None:
+    """Print ``obj`` as indented JSON on stdout, a non-finite number (no JSON form) as null.
+
+    ``json.dumps`` would write ``NaN`` / ``-Infinity``, which strict parsers reject.
+    """
+    strict = json.loads(json.dumps(obj), parse_constant=lambda _: None)
+    typer.echo(json.dumps(strict, indent=2, allow_nan=False))
+
+
 def print_notes(notes: list[str]) -> None:
     for n in notes:
         err_console.print(f"[yellow]note:[/] {n}", markup=True, highlight=False)
 
 
-def fmt(x: float | None, digits: int = 3) -> str:
-    """A metric for a table cell ('-' for None)."""
-    return "-" if x is None else f"{x:.{digits}f}"
+def fmt(x: float | None, digits: int = 3, scale: float | None = None, sign: bool = False) -> str:
+    """A metric for a table cell ('-' for None), ``digits`` decimals (``sign``: always signed).
+
+    ``scale`` is the size of the raw rewards ``x`` is (or is a difference of): outside
+    [0.01, 1e6) fixed decimals would print 0.000 or a dozen digits, so ``x`` gets 4
+    significant digits instead.
+    """
+    if x is None:
+        return "-"
+    plus = "+" if sign else ""
+    if scale is not None and scale != 0 and not 1e-2 <= abs(scale) < 1e6:
+        return f"{x:{plus}.4g}"
+    return f"{x:{plus}.{digits}f}"
+
+
+def reward_scale(fixed: Sequence[PolicyMetrics]) -> float:
+    """The size of a log's raw rewards for :func:`fmt`: the largest mean best-of-N reward."""
+    return max(abs(m.mean_best_reward) for m in fixed)
 
 
 def warm_up(data: LoggedRewards, cfg: BeaconConfig, crossfit: CrossFit | None = None) -> None:

@@ -20,8 +20,12 @@ from beacon.cli.common import (
     guarded,
     load_log,
     out_console,
+    parse_transform,
     usage_error,
 )
+from beacon.errors import RewardError
+from beacon.evaluation import name_reward_error
+from beacon.transforms import RewardTransform
 
 __all__ = ["fit_prior_command", "register"]
 
@@ -40,9 +44,9 @@ def fit_prior_command(
         str,
         typer.Option(
             "--transform",
-            help="Fit the prior on transformed rewards: none, logit (probability-valued judges) "
-            "or gaussianize (empirical CDF then normal quantile, fitted here and stored with "
-            "the prior).",
+            help="Fit the prior on transformed rewards: none, logit (probability-valued judges), "
+            "gaussianize (empirical CDF then normal quantile, fitted here and stored with "
+            "the prior), or a transform JSON file (stored with the prior as it is).",
         ),
     ] = "none",
     method: Annotated[
@@ -64,20 +68,26 @@ def fit_prior_command(
     check_family(family)
     if family not in ("normal", "bernoulli", "judge"):
         usage_error(f"{family!r}: fit-prior supports normal, bernoulli and judge", "--family")
+    fit_with: str | RewardTransform | None = None if transform == "none" else transform
     if transform not in _TRANSFORMS:
-        usage_error(f"{transform!r}: choose from {', '.join(_TRANSFORMS)}", "--transform")
-    if family != "normal" and transform != "none":
+        if not (transform.endswith(".json") or Path(transform).is_file()):
+            usage_error(
+                f"{transform!r}: choose from {', '.join(_TRANSFORMS)} or a transform JSON file",
+                "--transform",
+            )
+        # a file as 'beacon tune' prints it in its deploy command (and replay/tune accept)
+        fit_with = parse_transform(transform)
+    if family != "normal" and fit_with is not None:
         usage_error(f"{transform!r}: the {family} family takes raw rewards", "--transform")
     if method not in ("marginal", "moments"):
         usage_error(f"{method!r}: choose marginal or moments", "--method")
     data = load_log(logged).for_family(family)
-    fit = fit_reward_model(
-        data.rewards,
-        family,
-        transform=None if transform == "none" else transform,
-        method=method,
-        robust=robust,
-    )
+    try:
+        fit = fit_reward_model(
+            data.rewards, family, transform=fit_with, method=method, robust=robust
+        )
+    except RewardError as exc:
+        raise name_reward_error(data, exc) from exc
     doc = fit.to_dict()
     doc["fitted_on"]["source"] = str(logged)
     output.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -85,7 +95,7 @@ def fit_prior_command(
     params = ", ".join(f"{k}={v:.4g}" for k, v in p.items() if k != "family")
     out_console.print(
         f"fitted {family} prior ({params})"
-        + (f" on {transform}-transformed rewards" if transform != "none" else "")
+        + (f" on {fit.transform.kind}-transformed rewards" if fit.transform is not None else "")
         + f" from {doc['fitted_on']['prompts']} prompts / {doc['fitted_on']['rewards']} rewards"
         + f"; k0={max(1, fit.prior.k0)}; wrote {output}"
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -20,6 +19,7 @@ from beacon.cli.common import (
     PriorOpt,
     RobustOpt,
     TransformOpt,
+    echo_json,
     fmt,
     guarded,
     horizon_note,
@@ -28,6 +28,7 @@ from beacon.cli.common import (
     options_for,
     out_console,
     print_notes,
+    reward_scale,
     select_prompts,
     spinner,
 )
@@ -115,6 +116,7 @@ def replay_table(ev: Evaluation, title: str) -> Table:
         t.add_column("accuracy", justify="right")
     t.add_column("value", justify="right")
     best_value = max(m.value for m in (ev.beacon, *ev.fixed))
+    scale = reward_scale(ev.fixed)
     for m in (ev.beacon, *ev.fixed):
         name = f"BEACON c={ev.config.cost:g}" if m.n is None else f"best-of-{m.n}"
         value = fmt(m.value)
@@ -123,7 +125,7 @@ def replay_table(ev: Evaluation, title: str) -> Table:
         row = [
             name,
             f"{m.avg_samples:.2f}",
-            fmt(m.mean_best_reward),
+            fmt(m.mean_best_reward, scale=scale),
             fmt(m.mean_standardized_reward),
         ]
         if labels:
@@ -208,7 +210,7 @@ def replay_command(
         out["source"] = str(logged)
         out["crossfit"] = None if setup.crossfit is None else setup.crossfit.to_dict()
         out["notes"] = notes
-        typer.echo(json.dumps(out, indent=2))
+        echo_json(out)
         return
     print_notes(notes)
     title = (

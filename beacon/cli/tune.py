@@ -10,7 +10,8 @@ one; the default is plotted and printed next to it so the gain is visible, not a
 
 from __future__ import annotations
 
-import json
+import math
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,6 +28,7 @@ from beacon.cli.common import (
     MinSamplesOpt,
     RobustOpt,
     TransformOpt,
+    echo_json,
     fmt,
     guarded,
     horizon_note,
@@ -36,6 +38,8 @@ from beacon.cli.common import (
     out_console,
     print_notes,
     progress_bar,
+    reward_scale,
+    scale_note,
     select_prompts,
     spinner,
     usage_error,
@@ -57,6 +61,7 @@ from beacon.evaluation import (
 
 __all__ = [
     "QUALITY_LABELS",
+    "check_plot_path",
     "deploy_lines",
     "matched_range",
     "plot_tune",
@@ -121,14 +126,46 @@ def _point(ax: Any, x: float, y: float, label: str, **style: Any) -> None:
     ax.plot([x], [y], ls="none", label=label, **style)
 
 
+def check_plot_path(path: Path) -> str:
+    """``--plot``: the image format to write (the extension's; ``png`` without one).
+
+    Checked before any work, as usage errors: a directory, an extension matplotlib cannot
+    write, or a parent that is not a writable directory. The file is written at exactly
+    ``path`` (matplotlib alone would append ``.png`` to a name without an extension).
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if path.is_dir():
+        usage_error(f"{str(path)!r} is a directory; give a file name in it", "--plot")
+    fmt = path.suffix.lower().lstrip(".") or "png"
+    # pgf is left out: matplotlib writes it through a LaTeX installation.
+    known = set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"}
+    if fmt not in known:
+        usage_error(
+            f"{str(path)!r}: cannot write {path.suffix!r} images; use one of "
+            f"{', '.join('.' + k for k in sorted(known))}",
+            "--plot",
+        )
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # plot_tune creates the missing folders
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        usage_error(f"{str(path)!r}: cannot write in {str(parent)!r}", "--plot")
+    return fmt
+
+
 def plot_tune(
     res: TuneResult,
     path: Path,
     title: str,
     subtitle: str = "",
     baseline: TuneResult | None = None,
+    fmt: str | None = None,
 ) -> None:
-    """Write the quality-versus-average-samples PNG of a sweep (matplotlib, Agg backend).
+    """Write the quality-versus-average-samples plot of a sweep (matplotlib, Agg backend).
+
+    ``fmt`` is the image format (default: ``path``'s extension, PNG without one); the file is
+    written at exactly ``path``.
 
     BEACON's sweep is one curve (one point per ``c``); fixed best-of-N is another (one point per
     N, joined by the straight segments that mixing N and N+1 achieves). ``baseline`` (the
@@ -227,7 +264,7 @@ def plot_tune(
     ax.legend(loc="lower right", fontsize=7.5, framealpha=0.92)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, format=fmt or path.suffix.lower().lstrip(".") or "png")
     plt.close(fig)
 
 
@@ -246,6 +283,7 @@ def sweep_table(res: TuneResult) -> Table:
     t.add_column("best-of-N at same samples", justify="right")
     t.add_column("difference", justify="right")
     t.add_column("")
+    scale = _quality_scale(res)
     last: float | None = None
     for i, p in enumerate(res.points):
         k = p.metrics.avg_samples
@@ -255,9 +293,15 @@ def sweep_table(res: TuneResult) -> Table:
         mine = quality_of(p.metrics, q)
         theirs = interpolate_fixed(res.fixed, k, q)
         mark = "<- knee" if i == res.knee else ""
-        diff = f"{mine - theirs:+.3f}"
-        t.add_row(f"{p.cost:.4g}", f"{k:.2f}", fmt(mine), fmt(theirs), diff, mark)
+        diff = fmt(mine - theirs, scale=scale, sign=True)
+        t.add_row(f"{p.cost:.4g}", f"{k:.2f}", fmt(mine, scale=scale), fmt(theirs, scale=scale),
+                  diff, mark)
     return t
+
+
+def _quality_scale(res: TuneResult) -> float | None:
+    """:func:`fmt`'s ``scale`` for numbers of ``res.quality``: the rewards' for raw rewards."""
+    return reward_scale(res.fixed) if res.quality == "reward" else None
 
 
 def variants_table(results: list[TuneResult]) -> Table:
@@ -274,13 +318,14 @@ def variants_table(results: list[TuneResult]) -> Table:
         m = r.choice.metrics
         mine, theirs = quality_of(m, q), interpolate_fixed(r.fixed, m.avg_samples, q)
         name = variant_label(r, short=True) + (" *" if i == len(results) - 1 else "")
+        scale = _quality_scale(r)
         t.add_row(
             name,
             f"{r.choice.cost:.4g}",
             f"{m.avg_samples:.2f}",
-            fmt(mine),
-            fmt(theirs),
-            f"{mine - theirs:+.3f}",
+            fmt(mine, scale=scale),
+            fmt(theirs, scale=scale),
+            fmt(mine - theirs, scale=scale, sign=True),
             style="bold cyan" if i == len(results) - 1 else None,
         )
     return t
@@ -350,6 +395,7 @@ def recommendation_lines(res: TuneResult) -> list[str]:
     m = ch.metrics
     saved = 100.0 * (1.0 - m.avg_samples / full.avg_samples)
     matched = interpolate_fixed(res.fixed, m.avg_samples, q)
+    qs, rs = _quality_scale(res), reward_scale(res.fixed)
     why = {
         "knee": "the knee of the quality-samples curve",
         "target-samples": "the smallest c within the target average samples",
@@ -359,15 +405,16 @@ def recommendation_lines(res: TuneResult) -> list[str]:
         f"Recommended: BEACON with the {variant_label(res)}, c = {ch.cost:.4g} ({why}; "
         f"{cost_units(res.crossfit, res.config.family)}).",
         f"  BEACON: {m.avg_samples:.2f} samples per prompt ({saved:.0f}% fewer than "
-        f"best-of-{full.n}), {q} {quality_of(m, q):.3f}; best-of-N at the same samples "
-        f"{matched:.3f} ({quality_of(m, q) - matched:+.3f}); best-of-{full.n} "
-        f"{quality_of(full, q):.3f}.",
+        f"best-of-{full.n}), {q} {fmt(quality_of(m, q), scale=qs)}; best-of-N at the same "
+        f"samples {fmt(matched, scale=qs)} ({fmt(quality_of(m, q) - matched, scale=qs, sign=True)}"
+        f"); best-of-{full.n} {fmt(quality_of(full, q), scale=qs)}.",
     ]
     if q != "reward":
         raw = interpolate_fixed(res.fixed, m.avg_samples, "reward")
         lines.append(
-            f"  mean raw reward of the chosen sample: BEACON {m.mean_best_reward:.3f}, best-of-N "
-            f"at the same samples {raw:.3f} ({m.mean_best_reward - raw:+.3f})."
+            f"  mean raw reward of the chosen sample: BEACON {fmt(m.mean_best_reward, scale=rs)}, "
+            f"best-of-N at the same samples {fmt(raw, scale=rs)} "
+            f"({fmt(m.mean_best_reward - raw, scale=rs, sign=True)})."
         )
     if m.accuracy is not None and q != "accuracy" and full.accuracy is not None:
         lines.append(f"  accuracy: BEACON {m.accuracy:.3f}, best-of-{full.n} {full.accuracy:.3f}.")
@@ -382,7 +429,11 @@ def tune_command(
     plot: Annotated[
         Path | None,
         typer.Option(
-            "--plot", "-o", help="Write the quality-vs-samples PNG here.", show_default=False
+            "--plot",
+            "-o",
+            help="Write the quality-vs-samples plot here, in the format of the file's extension "
+            "(.png, .pdf, .svg, ...; PNG without one).",
+            show_default=False,
         ),
     ] = None,
     target_samples: Annotated[
@@ -414,7 +465,15 @@ def tune_command(
             show_default=False,
         ),
     ] = None,
-    points: Annotated[int, typer.Option("--points", help="Costs per log-spaced sweep pass.")] = 25,
+    points: Annotated[
+        int,
+        typer.Option(
+            "--points",
+            help="Costs per log-spaced sweep pass: the default sweep makes two (the data's whole "
+            "range of c, then where the samples used change); with --cost-min / --cost-max, one "
+            "pass over that range.",
+        ),
+    ] = 25,
     cost_min: Annotated[
         float | None,
         typer.Option(
@@ -465,6 +524,10 @@ def tune_command(
         usage_error(f"{quality!r}: choose from {', '.join(QUALITY_KINDS)}", "--quality")
     if points < 2:
         usage_error(f"{points}: need at least 2 costs", "--points")
+    for option, bound in (("--cost-min", cost_min), ("--cost-max", cost_max)):
+        if bound is not None and not (math.isfinite(bound) and bound > 0):
+            usage_error(f"{bound:g}: must be a finite number > 0", option)
+    plot_format = None if plot is None else check_plot_path(plot)
     data, kept_notes = select_prompts(load_log(logged), family, min_samples)
     # The sweep replaces the cost; 0.1 only has to be a valid placeholder for validation.
     setup = log_setup(
@@ -478,7 +541,7 @@ def tune_command(
     )
     cfg, cf, notes = setup.config, setup.crossfit, kept_notes + setup.notes
     costs = None
-    if cost_min is not None or cost_max is not None or points != 25:
+    if cost_min is not None or cost_max is not None:
         fam_data = data.for_family(family)
         lo_hi = cost_grid(fam_data, cfg, points, crossfit=cf)
         lo = cost_min if cost_min is not None else float(lo_hi[0])
@@ -494,9 +557,13 @@ def tune_command(
     if cf is not None:
         # The paper's default on the raw rewards, swept on the same prompts for comparison.
         baseline_cfg = cfg.replace(prior=None, transform=None)
+        notes += scale_note(data, baseline_cfg, "the Jeffreys comparison: ")
         warm_up(data, baseline_cfg)
     warm_up(data, cfg, cf)
-    total = points * (2 if costs is None else 1) + (2 * 25 if baseline_cfg is not None else 0)
+    # Two passes of `points` costs each for a default sweep (the baseline's included), one pass
+    # over --cost-min..--cost-max.
+    base_total = 0 if baseline_cfg is None else 2 * points
+    total = points * (2 if costs is None else 1) + base_total
     baseline: TuneResult | None = None
     with progress_bar(f"sweeping c on {data.n_prompts} prompts", total) as update:
         if baseline_cfg is not None:
@@ -505,8 +572,9 @@ def tune_command(
                 baseline_cfg,
                 quality=_quality(quality),
                 progress=lambda d, _t: update(d, total),
+                n_costs=points,
             )
-        done = 0 if baseline is None else 2 * 25
+        done = base_total
 
         def step(d: int, _t: int) -> None:
             update(done + d, total)
@@ -520,6 +588,7 @@ def tune_command(
             quality=_quality(quality),
             progress=step,
             crossfit=cf,
+            n_costs=points,
         )
     notes += horizon_note(res.requested_horizon, res.config, data.for_family(family))
     notes += _judge_hint(data, res, family)
@@ -531,7 +600,7 @@ def tune_command(
     if cf is not None:
         subtitle += "; no prompt is scored with a prior fitted on itself"
     if plot is not None:
-        plot_tune(res, plot, title, subtitle, baseline)
+        plot_tune(res, plot, title, subtitle, baseline, plot_format)
     deploy = [] if cf is None else deploy_lines(res, logged, data, setup.transform_spec)
     if as_json:
         out: dict[str, Any] = res.to_dict()
@@ -548,7 +617,7 @@ def tune_command(
         out["plot"] = None if plot is None else str(plot)
         out["deploy"] = deploy
         out["notes"] = notes
-        typer.echo(json.dumps(out, indent=2))
+        echo_json(out)
         return
     print_notes(notes)
     out_console.print(f"{logged.name}: {res.n_prompts} prompts; {subtitle}", markup=False)
