@@ -8,6 +8,8 @@ LlamaIndex keep callback managers in context variables).
 
 Caveat: in the worker-thread case the calling loop is blocked while the coroutine runs, as any
 synchronous call from a coroutine would block it; prefer the async API from async code.
+A KeyboardInterrupt (Ctrl-C in Jupyter) in the blocked caller cancels the coroutine and waits
+for it to wind down before it propagates, so an interrupted query stops calling the model.
 
 :func:`call_in_thread` is the engine's way to await a blocking callable (``offload_sync``).
 """
@@ -41,16 +43,39 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     ctx = contextvars.copy_context()
     box: dict[str, Any] = {}
+    stop, done = threading.Event(), threading.Event()
+
+    async def main() -> T:
+        box["task"], box["loop"] = asyncio.current_task(), asyncio.get_running_loop()
+        if stop.is_set():  # interrupted before the coroutine started
+            coro.close()
+            raise asyncio.CancelledError
+        return await coro
 
     def target() -> None:
         try:
-            box["value"] = ctx.run(asyncio.run, coro)
+            box["value"] = ctx.run(asyncio.run, main())
         except BaseException as exc:  # re-raised in the caller's thread
             box["error"] = exc
+        finally:
+            done.set()
 
-    t = threading.Thread(target=target, name="beacon-run-sync", daemon=True)
-    t.start()
-    t.join()
+    # Waits on an Event, not Thread.join: a join interrupted by Ctrl-C marks the thread as
+    # finished on Python < 3.12 (it releases the running thread's lock), so a second join
+    # would return at once.
+    threading.Thread(target=target, name="beacon-run-sync", daemon=True).start()
+    try:
+        done.wait()
+    except BaseException:
+        # Ctrl-C (a KeyboardInterrupt in the blocked caller, as in Jupyter): cancel the
+        # coroutine -- a query stops calling the model -- and wait for it to wind down.
+        stop.set()
+        task, loop = box.get("task"), box.get("loop")
+        if task is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has just closed
+                loop.call_soon_threadsafe(task.cancel)
+        done.wait()
+        raise
     if "error" in box:
         raise box["error"]
     result: T = box["value"]

@@ -846,6 +846,24 @@ async def test_observer_error_ends_only_that_query() -> None:
     assert all(r.stop_reason != "error" for i, r in enumerate(results) if i != 3)
 
 
+async def test_an_observer_error_mid_batch_leaves_the_accounts_balanced() -> None:
+    # Three samples finish together; the observer raises on the first one's event. The two
+    # others were generated and scored (their calls are in usage) but never fed to the
+    # Stopper: they were neither candidates nor counted as cancelled.
+    model = FakeModel(p=0.0)
+
+    def obs(ev: Any) -> None:
+        if isinstance(ev, SampleEvent):
+            raise RuntimeError("observer broke")
+
+    cfg = beacon.BeaconConfig(cost=0.001, horizon=10, family="normal", batch_size=4)
+    res = await BeaconSampler(model, bin_score, cfg, observers=[obs]).arun("q")
+    assert res.stop_reason == "error" and res.error == "RuntimeError: observer broke"
+    assert model.calls == res.usage.model_calls == res.usage.score_calls == 3
+    assert len(res.candidates) == res.n_samples == 1
+    assert len(res.candidates) + res.usage.cancelled == model.calls
+
+
 # -- many queries, sync entry points ----------------------------------------------------------
 async def test_arun_many_isolation_order_and_metadata() -> None:
     def gen(p: str) -> str:
@@ -876,6 +894,32 @@ async def test_run_inside_running_loop() -> None:
     assert len(many) == 2
     res2 = await s.arun("q")  # the sampler still works on this loop afterwards
     assert res2.n_samples >= 1
+
+
+async def test_ctrl_c_in_run_inside_a_running_loop_stops_the_query() -> None:
+    # Jupyter: run() blocks the notebook's loop while a worker thread runs the query; Ctrl-C
+    # is a KeyboardInterrupt in the blocked caller. The query went on calling the model in
+    # the background until its horizon (200 calls) after the interrupt was raised.
+    import signal
+    import threading
+
+    model = FakeModel(p=0.0, latency=0.002)
+
+    def obs(ev: Any) -> None:
+        if isinstance(ev, SampleEvent) and ev.index == 2:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    s = BeaconSampler(model, bin_score, bern(cost=1e-9, horizon=200), observers=[obs])
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # as under ipykernel
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            s.run("q")
+    finally:
+        signal.signal(signal.SIGINT, old)
+    calls = model.calls
+    assert calls < 10 and model.in_flight == 0  # cancelled, and nothing runs on after
+    await asyncio.sleep(0.02)
+    assert model.calls == calls
 
 
 def test_run_without_loop_and_reuse_across_loops() -> None:
@@ -1066,6 +1110,27 @@ async def test_cancelling_arun_many_cancels_every_query() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert model.in_flight == 0 and model.cancelled == 5
+
+
+async def test_a_huge_max_concurrency_starts_no_more_tasks_than_prompts() -> None:
+    # max_active defaults to 4 * max_concurrency: 20,000 idle worker tasks were created up
+    # front for two prompts (with max_concurrency=10**12, run_many never started at all).
+    tasks_seen: list[int] = []
+
+    async def model(prompt: Any) -> str:
+        tasks_seen.append(len(asyncio.all_tasks()))
+        await asyncio.sleep(0)
+        return "r=0"
+
+    s = BeaconSampler(model, bin_score, bern(horizon=3), max_concurrency=5_000)
+    results = await s.arun_many(["a", "b"])
+    assert [r.n_samples for r in results] == [3, 3]
+    assert max(tasks_seen) <= 8  # this test, two queries, their workers and the closer
+    # a lazy stream of prompts still runs max_active queries at once
+    model2 = FakeModel(p=0.0, latency=0.005)
+    s2 = BeaconSampler(model2, bin_score, bern(horizon=2), max_concurrency=5_000)
+    got = [i async for i, _ in s2.astream_many((f"q{i}" for i in range(6)), max_active=3)]
+    assert sorted(got) == list(range(6)) and model2.max_in_flight == 3
 
 
 async def test_sync_scorer_returning_awaitable_still_gets_the_timeout() -> None:

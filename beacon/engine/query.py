@@ -170,15 +170,15 @@ class QueryRun:
                         self._count_failure(cands[i])
                 if not self.ctx.batched:
                     while nxt < count and done_flags[nxt]:
+                        observed[nxt] = True  # a candidate even if an observer raises
                         await self._observe(cands[nxt])
-                        observed[nxt] = True
                         nxt += 1
                 self._check_caps()
             if self.ctx.batched:
                 await self._score_batch(cands)
                 for i, c in enumerate(cands):
-                    await self._observe(c)
                     observed[i] = True
+                    await self._observe(c)
                 self._check_caps()
         except _StopQuery as sq:
             await self._cancel(pending, cands, done_flags)
@@ -192,6 +192,11 @@ class QueryRun:
             return sq.reason
         except BaseException:
             await self._cancel(pending, cands, done_flags)
+            # An observer raised (or the caller cancelled) before these finished samples were
+            # fed to the Stopper: never candidates, not charged, but their calls were spent.
+            self.usage.cancelled += sum(
+                1 for i in range(count) if done_flags[i] and not observed[i]
+            )
             raise
         return None
 

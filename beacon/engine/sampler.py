@@ -324,8 +324,15 @@ class BeaconSampler:
         it = iter(enumerate(prompts))
         queue: asyncio.Queue[tuple[int, BeaconResult] | None] = asyncio.Queue()
 
+        # Workers are started one at a time, each when the previous one takes a prompt, up to
+        # ``active``: never more tasks than prompts in progress (a huge max_concurrency, whose
+        # default max_active is 4x that, must not create millions of idle tasks up front).
+        workers: list[asyncio.Future[None]] = []
+
         async def worker() -> None:
             for i, prompt in it:
+                if len(workers) < active:
+                    workers.append(asyncio.ensure_future(worker()))  # for the next prompt
                 meta = meta_list[i] if seq_meta else shared_meta
                 try:
                     res = await self._arun(prompt, obs, meta, i)
@@ -337,11 +344,14 @@ class BeaconSampler:
                     )
                 await queue.put((i, res))
 
-        workers = [asyncio.ensure_future(worker()) for _ in range(active)]
+        workers.append(asyncio.ensure_future(worker()))
 
         async def closer() -> None:
             try:
-                await asyncio.gather(*workers)
+                n = 0
+                while n != len(workers):  # workers are only added by running workers
+                    n = len(workers)
+                    await asyncio.gather(*workers)
             finally:
                 await queue.put(None)
 
