@@ -349,15 +349,17 @@ def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]
     """``generate(query)``: one full response of an inner LlamaIndex query engine.
 
     The whole ``Response`` (answer text and source nodes) is kept as the sample's raw object so
-    the chosen one can be returned with its sources. Streaming responses are refused (a
-    sample must be complete to be scored).
+    the chosen one can be returned with its sources. A streaming engine's response
+    (``StreamingResponse`` / ``AsyncStreamingResponse``) is read to its end first, through its
+    own ``get_response()``: a sample must be complete to be scored.
     """
 
     async def generate(query: LIQuery) -> Generation:
         resp = await engine.aquery(query.bundle)
         text = getattr(resp, "response", None)
         if text is None and hasattr(resp, "response_gen"):
-            raise TypeError("BeaconQueryEngine needs a non-streaming inner query engine")
+            resp = await _maybe_await(resp.get_response())
+            text = resp.response
         return Generation("" if text is None else str(text), raw=resp)
 
     return generate

@@ -511,24 +511,47 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         value = _concat_inputs(list(inputs))
         yield from _iterate_in_thread(lambda: self._chunks(value, config))
 
+    async def _atransform_output(
+        self,
+        inputs: AsyncIterator[Any],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> AsyncIterator[Any]:
+        async for chunk in self._atransform(inputs, run_manager, config):
+            if chunk.kind == "final":
+                yield chunk.output
+
+    def _transform_output(
+        self, inputs: Iterator[Any], run_manager: CallbackManagerForChainRun, config: RunnableConfig
+    ) -> Iterator[Any]:
+        for chunk in self._transform(inputs, run_manager, config):
+            if chunk.kind == "final":
+                yield chunk.output
+
     async def atransform(
         self,
         input: AsyncIterator[LanguageModelInput],
         config: RunnableConfig | None = None,
         **kwargs: Any | None,
-    ) -> AsyncIterator[BeaconChunk]:
+    ) -> AsyncIterator[Any]:
+        """The composition protocol (a chain streams through it): yields what ``ainvoke``
+        returns, once, so the next step (``StrOutputParser``, ...) gets a message as from
+        ``invoke``. Progress is in the custom events; :meth:`astream` yields chunks."""
         self._check_kwargs(kwargs)
-        async for chunk in self._atransform_stream_with_config(input, self._atransform, config):
-            yield chunk
+        async for out in self._atransform_stream_with_config(
+            input, self._atransform_output, config
+        ):
+            yield out
 
     def transform(
         self,
         input: Iterator[LanguageModelInput],
         config: RunnableConfig | None = None,
         **kwargs: Any | None,
-    ) -> Iterator[BeaconChunk]:
+    ) -> Iterator[Any]:
+        """Synchronous :meth:`atransform` (yields what ``invoke`` returns, once)."""
         self._check_kwargs(kwargs)
-        yield from self._transform_stream_with_config(input, self._transform, config)
+        yield from self._transform_stream_with_config(input, self._transform_output, config)
 
     async def astream(
         self,
@@ -537,11 +560,12 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         **kwargs: Any | None,
     ) -> AsyncIterator[BeaconChunk]:
         """One :class:`BeaconChunk` per scored candidate, then the final choice."""
+        self._check_kwargs(kwargs)
 
         async def one() -> AsyncIterator[Any]:
             yield input
 
-        async for chunk in self.atransform(one(), config, **kwargs):
+        async for chunk in self._atransform_stream_with_config(one(), self._atransform, config):
             yield chunk
 
     def stream(
@@ -551,7 +575,8 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         **kwargs: Any | None,
     ) -> Iterator[BeaconChunk]:
         """Synchronous :meth:`astream` (works inside a running event loop)."""
-        yield from self.transform(iter([input]), config, **kwargs)
+        self._check_kwargs(kwargs)
+        yield from self._transform_stream_with_config(iter([input]), self._transform, config)
 
     # -- agent tool ------------------------------------------------------------------------------
     def as_beacon_tool(

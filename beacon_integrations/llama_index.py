@@ -178,6 +178,18 @@ _ENGINE_VARS = ("query_str",)
 _TRANSFORM_VARS = ("query_str", "context_str")
 
 
+def _as_bundle(name: str, value: Any) -> QueryBundle:
+    """``value`` as a ``QueryBundle`` (a string becomes one, with itself as embedding string);
+    anything else is a ``TypeError`` naming ``name``."""
+    if isinstance(value, str):
+        return QueryBundle(query_str=value, custom_embedding_strs=[value])
+    if isinstance(value, QueryBundle):
+        return value
+    raise TypeError(
+        f"{name} must be a str or a llama_index QueryBundle; got {type(value).__name__}"
+    )
+
+
 def _check_config(config: Any) -> BeaconConfig:
     if config is None:
         return BeaconConfig()
@@ -304,8 +316,13 @@ class BeaconQueryEngine(BaseQueryEngine):
     def _get_prompt_modules(self) -> PromptMixinType:
         return {"query_engine": self._query_engine} if self._query_engine is not None else {}
 
-    async def arun(self, query_bundle: QueryBundle) -> BeaconResult:
-        """The full :class:`~beacon.result.BeaconResult` for one query (no Response built)."""
+    async def arun(self, query_bundle: QueryType) -> BeaconResult:
+        """The full :class:`~beacon.result.BeaconResult` for one query (no Response built).
+
+        ``query_bundle`` is a ``QueryBundle`` or a query string, as for :meth:`aquery`;
+        anything else is a ``TypeError``.
+        """
+        query_bundle = _as_bundle("query_bundle", query_bundle)
         q = query_bundle.query_str
         prompt = self._prompt.format(query_str=q) if self._llm is not None else ""
         query = LIQuery(q, query_bundle, prompt)
@@ -399,17 +416,7 @@ class BeaconQueryTransform(BaseQueryTransform):
         self, query_bundle_or_str: QueryType, metadata: dict[str, Any] | None = None
     ) -> tuple[QueryBundle, BeaconResult]:
         """The transformed bundle and the :class:`~beacon.result.BeaconResult` behind it."""
-        if isinstance(query_bundle_or_str, str):
-            bundle = QueryBundle(
-                query_str=query_bundle_or_str, custom_embedding_strs=[query_bundle_or_str]
-            )
-        elif isinstance(query_bundle_or_str, QueryBundle):
-            bundle = query_bundle_or_str
-        else:
-            raise TypeError(
-                "query_bundle_or_str must be a str or a llama_index QueryBundle; got "
-                f"{type(query_bundle_or_str).__name__}"
-            )
+        bundle = _as_bundle("query_bundle_or_str", query_bundle_or_str)
         q = bundle.query_str
         # HyDE templates name the query {context_str}; str.format ignores the unused name.
         prompt = self._prompt.format(query_str=q, context_str=q)

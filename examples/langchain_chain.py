@@ -120,9 +120,12 @@ async def main() -> None:
                    "data": DATA.name, "config": cfg.to_dict()}
         print("SUMMARY " + json.dumps(summary))
 
-    # Streaming: one chunk per scored candidate, then the final choice.
+    # Streaming: BeaconRunnable.astream yields one chunk per scored candidate, then the final
+    # choice. (Streamed as a chain step, it hands the next step its invoke output once; the
+    # candidates are then the beacon_sample custom events of astream_events.)
     print("streaming the first prompt:")
-    async for chunk in make_chain().astream({"sentences": rows[0]["prompt"]}):
+    best_of_n = make_chain().last
+    async for chunk in best_of_n.astream(await prompt.ainvoke({"sentences": rows[0]["prompt"]})):
         if chunk.kind == "candidate":
             print(f"  candidate k={chunk.k}: reward {chunk.reward}")
         else:

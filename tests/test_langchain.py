@@ -279,6 +279,21 @@ async def test_sync_stream_inside_a_running_loop_and_early_close() -> None:
     gen.close()  # cancels the sampling thread instead of hanging
 
 
+async def test_chain_streams_through_beacon_runnable_like_invoke() -> None:
+    # prompt | BeaconRunnable | parser: the chain's stream reaches BeaconRunnable through
+    # transform/atransform, which must hand the next step what invoke returns (a message), not
+    # BeaconChunks (StrOutputParser failed with a pydantic ValidationError on them).
+    def chain() -> Any:
+        return ChatPromptTemplate.from_template("Q: {q}") | make() | StrOutputParser()
+
+    n, _ = expected([REWARDS[t] for t in SCRIPT], CFG)
+    best = max(SCRIPT[:n], key=lambda t: REWARDS[t])
+    assert [c async for c in chain().astream({"q": "x"})] == [best]
+    assert list(chain().stream({"q": "x"})) == [best]  # sync, inside a running loop
+    # the runnable's own stream still yields the candidates, then the choice
+    assert [c.kind for c in make().stream("q")] == ["candidate"] * n + ["final"]
+
+
 async def test_astream_events_v2_shows_custom_events_and_child_runs() -> None:
     r = make()
     events = [e async for e in r.astream_events("q", version="v2")]

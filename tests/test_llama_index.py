@@ -63,7 +63,8 @@ class ScriptedLLM(CustomLLM):
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> Iterator[CompletionResponse]:
-        yield self.complete(prompt, formatted=formatted)
+        text = self.complete(prompt, formatted=formatted).text
+        yield CompletionResponse(text=text, delta=text)  # streaming synthesizers read deltas
 
 
 class Collector(BaseEventHandler):
@@ -115,6 +116,17 @@ def best_of(script: list[str], cfg: BeaconConfig) -> tuple[str, int, str]:
     return max(script[:n], key=lambda t: REWARDS[t]), n, reason
 
 
+def check_best_response(resp: Any) -> dict[str, Any]:
+    """Assert ``resp`` is the best of SCRIPT under CFG with its evidence; its metadata."""
+    best, n, reason = best_of(SCRIPT, CFG)
+    assert isinstance(resp, Response)
+    assert resp.response == best
+    md = resp.metadata or {}
+    assert md["n_samples"] == n and md["stop_reason"] == reason
+    assert md["candidates"] == SCRIPT[:n]
+    return md
+
+
 DOCS = [
     Document(text="Paris is the capital of France.", doc_id="fr"),
     Document(text="Berlin is the capital of Germany.", doc_id="de"),
@@ -134,11 +146,7 @@ def test_llm_mode_returns_best_answer_with_evidence(collector: Collector) -> Non
     qe = BeaconQueryEngine(table_scorer, CFG, llm=llm, prompt_template="Q: {query_str}\nA:")
     resp = qe.query("What is best?")
     best, n, reason = best_of(SCRIPT, CFG)
-    assert isinstance(resp, Response)
-    assert resp.response == best
-    md = resp.metadata or {}
-    assert md["n_samples"] == n and md["stop_reason"] == reason
-    assert md["candidates"] == SCRIPT[:n]
+    md = check_best_response(resp)
     assert md["rewards"] == [REWARDS[t] for t in SCRIPT[:n]]
     assert md["trace"][-1]["decision"] == "stop" and md["trace"][-1]["reason"] == reason
     assert md["best_reward"] == REWARDS[best]
@@ -198,6 +206,18 @@ def test_no_scored_sample_raises_typed_error() -> None:
     with pytest.raises(BeaconSamplingError) as ei:
         qe.query("q")
     assert ei.value.result.stop_reason == "error"
+
+
+async def test_arun_takes_a_query_string_or_bundle_and_types_other_queries() -> None:
+    qe = BeaconQueryEngine(table_scorer, CFG, llm=ScriptedLLM(script=SCRIPT))
+    best, n, reason = best_of(SCRIPT, CFG)
+    res = await qe.arun("What is best?")  # was AttributeError: 'str' has no 'query_str'
+    assert (res.prompt, res.n_samples, res.stop_reason) == ("What is best?", n, reason)
+    assert res.best is not None and res.best.text == best
+    res = await qe.arun(QueryBundle("What is best?"))
+    assert res.prompt == "What is best?"
+    with pytest.raises(TypeError, match=r"query_bundle must be a str or a .*QueryBundle; got int"):
+        await qe.arun(3)  # type: ignore[arg-type]
 
 
 def test_bad_arguments_are_typed_errors() -> None:
@@ -264,6 +284,20 @@ def test_inner_engine_is_a_real_retriever_query_engine() -> None:
     assert resp.response == best_of(SCRIPT, CFG)[0]
     assert len(resp.source_nodes) == 2
     assert {s.node.ref_doc_id for s in resp.source_nodes} <= {"fr", "de", "es"}
+
+
+@pytest.mark.parametrize("run", ["query", "aquery"])
+def test_streaming_inner_engine_samples_are_read_to_the_end(run: str) -> None:
+    index = make_index()
+    inner = index.as_query_engine(
+        llm=ScriptedLLM(script=SCRIPT), similarity_top_k=2, streaming=True
+    )
+    qe = BeaconQueryEngine(table_scorer, CFG, query_engine=inner)
+    q = "capital of France?"
+    resp = qe.query(q) if run == "query" else asyncio.run(qe.aquery(q))
+    md = check_best_response(resp)
+    assert md["usage"]["failed_calls"] == 0
+    assert len(resp.source_nodes) == 2
 
 
 # -- BeaconQueryTransform -------------------------------------------------------------------------
