@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from beacon._checks import real_as_float
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError, RewardError
 from beacon.priors import Prior
@@ -335,10 +336,7 @@ def _parse_number_list(
         elif labels and (isinstance(v, bool) or v in (0, 1)):
             out.append(1.0 if v else 0.0)
         elif not labels and isinstance(v, int | float) and not isinstance(v, bool):
-            try:
-                fv = float(v)
-            except OverflowError:  # a JSON integer beyond the float range
-                fv = math.inf
+            fv = real_as_float(v)
             if math.isinf(fv):
                 raise LogFormatError(path, line, f"{name}[{j}]", v, "rewards must be finite")
             out.append(fv)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from beacon._checks import is_real
+from beacon._checks import is_real, real_as_float
 from beacon.errors import ConfigError
 
 __all__ = [
@@ -38,10 +38,7 @@ def _finite(field: str, value: float) -> float:
     # A string ("1") or a boolean in a prior file is a mistake, not a number to convert.
     if not is_real(value):
         raise ConfigError(field, value, "must be a real number")
-    try:
-        v = float(value)
-    except OverflowError:  # an integer beyond the float range
-        v = math.inf
+    v = real_as_float(value)
     if not math.isfinite(v):
         raise ConfigError(field, value, "must be finite")
     return v

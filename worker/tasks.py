@@ -54,7 +54,7 @@ from beacon.jobs.execute import (
     line_error_record,
     prepare_config,
 )
-from beacon.jobs.keys import job_fingerprint, prompt_key, record_key
+from beacon.jobs.keys import InputKeys, job_fingerprint, prompt_key
 from beacon.jobs.spec import (
     FactorySpec,
     JobInputError,
@@ -444,32 +444,26 @@ def submit_job(
             enqueued += len(todo)
         batch.clear()
 
-    seen: set[str] = set()
     # Bad lines are stored once the input is read: one error per distinct line, every number.
-    bad: dict[str, tuple[LineError, list[int]]] = {}
-    duplicates = 0
+    keys = InputKeys(spec)
     for i, item in enumerate(items):
         if not isinstance(item, PromptRecord | LineError):
             raise JobInputError(f"items[{i}]", item, "must be a PromptRecord or a LineError")
-        k = record_key(item, spec)
-        if k in seen:
-            if isinstance(item, LineError):
-                bad[k][1].append(item.line)
-            duplicates += 1
+        k = keys.first(item)
+        if k is None:
             continue
-        seen.add(k)
         if isinstance(item, LineError):
-            bad[k] = (item, [item.line])
+            keys.add_bad(k, item)
             continue
         batch.append((k, item.to_dict(), item.line))
         if len(batch) >= chunk:
             flush()
     flush()
     # The error first: a registered bad line is never pending (nothing for the sweeper).
-    for k, (first, lines) in bad.items():
+    for k, (first, lines) in keys.bad.items():
         st.store_error(job_id, k, {"record": line_error_record(k, first, lines)})
-    if bad:
+    if keys.bad:
         st.add_prompts(job_id, [(k, {"bad_line": e.raw, "line": e.line})
-                                for k, (e, _) in bad.items()])
+                                for k, (e, _) in keys.bad.items()])
     total = st.status(job_id).total
-    return SubmitResult(job_id, total, enqueued, already, len(bad), duplicates)
+    return SubmitResult(job_id, total, enqueued, already, len(keys.bad), keys.duplicates)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from beacon._checks import is_integer, is_real
+from beacon._checks import is_integer, is_real, real_as_float
 from beacon._sync import call_in_thread
 from beacon.errors import ConfigError, ConfigTypeError, RewardError
 
@@ -244,10 +244,7 @@ def as_reward(r: Any, position: Any) -> float:
         if isinstance(r, Exception):
             raise r
         raise RewardError(position, r, "scorer must return a real number")
-    try:
-        x = float(r)
-    except OverflowError:  # an int beyond the float range
-        x = math.inf
+    x = real_as_float(r)
     if not math.isfinite(x):
         raise RewardError(position, r, "reward must be finite")
     return x

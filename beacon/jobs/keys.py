@@ -15,7 +15,14 @@ from typing import Any
 
 from beacon.jobs.spec import JobInputError, JobSpec, LineError, PromptRecord, canonical_json
 
-__all__ = ["KEY_VERSION", "job_fingerprint", "line_error_key", "prompt_key", "record_key"]
+__all__ = [
+    "KEY_VERSION",
+    "InputKeys",
+    "job_fingerprint",
+    "line_error_key",
+    "prompt_key",
+    "record_key",
+]
 
 #: Bumped when the key's inputs change meaning, so old outputs are not silently reused.
 KEY_VERSION = 1
@@ -68,6 +75,36 @@ def record_key(item: PromptRecord | LineError, spec: JobSpec) -> str:
     if isinstance(item, LineError):
         return line_error_key(item.raw, spec)
     return prompt_key(item, spec)
+
+
+class InputKeys:
+    """The keys of a job's input lines as they are read (the local runner and ``submit``).
+
+    :meth:`first` says whether a line's key is new; a repeat is counted in ``duplicates`` and,
+    when it is a bad line kept with :meth:`add_bad`, its line number is added to that line's
+    ``bad`` entry, so the one error record lists every line the text occurs on.
+    """
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        self.seen: set[str] = set()
+        self.bad: dict[str, tuple[LineError, list[int]]] = {}
+        self.duplicates = 0
+
+    def first(self, item: PromptRecord | LineError) -> str | None:
+        """``item``'s key when no earlier line had it, else None (a duplicate)."""
+        key = record_key(item, self.spec)
+        if key not in self.seen:
+            self.seen.add(key)
+            return key
+        if isinstance(item, LineError) and key in self.bad:
+            self.bad[key][1].append(item.line)
+        self.duplicates += 1
+        return None
+
+    def add_bad(self, key: str, item: LineError) -> None:
+        """Keep a new bad line, to be reported once the whole input is read."""
+        self.bad[key] = (item, [item.line])
 
 
 def job_fingerprint(spec: JobSpec, input_digest: str) -> str:

@@ -42,7 +42,7 @@ from beacon._sync import run_sync
 from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
 from beacon.jobs.execute import Outcome, PromptExecutor, line_error_record, prepare_config
-from beacon.jobs.keys import record_key
+from beacon.jobs.keys import InputKeys
 from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
 from beacon.jobs.resume import resume_outputs
 from beacon.jobs.spec import (
@@ -363,20 +363,16 @@ async def arun_job(
                 slots.release()
                 report(in_flight=len(in_flight))
 
-        seen: set[str] = set()
         read_all = False
         # Bad input lines are written once the whole input is read, with every line number.
-        bad: dict[str, tuple[LineError, list[int]]] = {}
+        keys = InputKeys(spec)
         for item in records() if plan.items is None else plan.items:
             if stopping():
                 break
-            key = record_key(item, spec)
-            if key in seen:
-                if isinstance(item, LineError) and key in bad:
-                    bad[key][1].append(item.line)
-                report(duplicates=state.duplicates + 1)
+            key = keys.first(item)
+            if key is None:
+                report(duplicates=keys.duplicates)
                 continue
-            seen.add(key)
             if key in out_w:
                 if key in plan.failed:
                     report(kept_failed=state.kept_failed + 1)
@@ -384,7 +380,7 @@ async def arun_job(
                     report(skipped=state.skipped + 1)
                 continue
             if isinstance(item, LineError):
-                bad[key] = (item, [item.line])
+                keys.add_bad(key, item)
                 continue
             await slots.acquire()
             if stopping():
@@ -406,7 +402,7 @@ async def arun_job(
         if refitting is not None:
             await refitting
         if read_all and not fatal:
-            for key, (first, lines) in bad.items():
+            for key, (first, lines) in keys.bad.items():
                 commit(Outcome(key, line_error_record(key, first, lines), None))
         if fatal:
             raise fatal[0]
