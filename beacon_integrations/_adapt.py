@@ -351,11 +351,18 @@ def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]
     The whole ``Response`` (answer text and source nodes) is kept as the sample's raw object so
     the chosen one can be returned with its sources. A streaming engine's response
     (``StreamingResponse`` / ``AsyncStreamingResponse``) is read to its end first, through its
-    own ``get_response()``: a sample must be complete to be scored.
+    own ``get_response()``: a sample must be complete to be scored. A structured-output
+    engine's ``PydanticResponse`` (``output_cls=...``) is kept whole; its text is the model's
+    JSON, as LlamaIndex renders it (``str(response)``, ``get_response()``).
     """
 
     async def generate(query: LIQuery) -> Generation:
+        from llama_index.core.base.response.schema import PydanticResponse
+
         resp = await engine.aquery(query.bundle)
+        if isinstance(resp, PydanticResponse):
+            obj = resp.response
+            return Generation("" if obj is None else obj.model_dump_json(), raw=resp)
         text = getattr(resp, "response", None)
         if text is None and hasattr(resp, "response_gen"):
             resp = await _maybe_await(resp.get_response())

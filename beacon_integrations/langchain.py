@@ -26,8 +26,10 @@ per sample.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import queue
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -46,6 +48,7 @@ from langchain_core.runnables import (
     RunnableSerializable,
 )
 from langchain_core.runnables.base import coerce_to_runnable
+from langchain_core.runnables.config import patch_config
 from langchain_core.runnables.retry import RunnableRetry
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator
@@ -70,6 +73,9 @@ from beacon_integrations._adapt import (
 __all__ = ["BeaconChunk", "BeaconRunnable", "BeaconSamplingError"]
 
 SAMPLE_EVENT = "beacon_sample"
+# Tool names that OpenAI's and Anthropic's tool-calling APIs accept (^[a-zA-Z0-9_-]{1,64}$); an
+# agent model bound to a tool with any other name is rejected by the provider at call time.
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 DECISION_EVENT = "beacon_decision"
 
 
@@ -185,7 +191,10 @@ def _iterate_in_thread(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
             with lock:
                 closed.set()
                 if "loop" in holder:
-                    holder["loop"].call_soon_threadsafe(holder["task"].cancel)
+                    # RuntimeError: the loop has closed since (the generator had finished
+                    # and the consumer left before reading that): nothing left to cancel.
+                    with contextlib.suppress(RuntimeError):
+                        holder["loop"].call_soon_threadsafe(holder["task"].cancel)
         t.join()
 
 
@@ -588,9 +597,17 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         ``BeaconResult.to_dict()``: every candidate, reward and the stop reason. The BEACON run
         nests under the tool run. When no candidate can be scored the tool reports a
         ``ToolException`` message to the agent instead of raising.
+
+        ``name`` must match ``^[a-zA-Z0-9_-]{1,64}$`` (what OpenAI and Anthropic accept) and
+        ``description`` be a non-empty string; otherwise :class:`beacon.ConfigError` names the
+        field and the value.
         """
-        if not isinstance(name, str) or not name:
-            raise ConfigError("name", name, "must be a non-empty string")
+        if not isinstance(name, str) or _TOOL_NAME.fullmatch(name) is None:
+            raise ConfigError(
+                "name", name,
+                "must be 1 to 64 characters from a-z, A-Z, 0-9, '_' and '-' (the tool names "
+                "OpenAI and Anthropic accept)",
+            )
         if not isinstance(description, str) or not description:
             raise ConfigError("description", description, "must be a non-empty string")
         runner = self.model_copy(update={"return_result": True})
@@ -601,11 +618,21 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
                 raise ToolException(str(BeaconSamplingError(res)))
             return best.text, res.to_dict()
 
-        async def abest(question: str, config: RunnableConfig) -> tuple[str, dict[str, Any]]:
-            return content(await runner.ainvoke(question, config))
+        # LangChain hands the function the config the *tool* was called with and the tool
+        # run's child callbacks separately (``callbacks``): the BEACON run is invoked under
+        # those, so it nests under the tool run (as LangChain's own child_config does).
+        def child(config: RunnableConfig, callbacks: Any) -> RunnableConfig:
+            return patch_config(config, callbacks=callbacks) if callbacks is not None else config
 
-        def best(question: str, config: RunnableConfig) -> tuple[str, dict[str, Any]]:
-            return content(runner.invoke(question, config))
+        async def abest(
+            question: str, config: RunnableConfig, callbacks: Any = None
+        ) -> tuple[str, dict[str, Any]]:
+            return content(await runner.ainvoke(question, child(config, callbacks)))
+
+        def best(
+            question: str, config: RunnableConfig, callbacks: Any = None
+        ) -> tuple[str, dict[str, Any]]:
+            return content(runner.invoke(question, child(config, callbacks)))
 
         class Question(BaseModel):
             question: str = Field(description="The question to answer.")

@@ -4,7 +4,8 @@
   or full RAG responses from an inner query engine, scores each with the reward scorer and stops
   by the BEACON rule (paper, Theorem "Optimal Stopping Rule": stop when
   h_{n,k}(zhat_k) <= c / sigma_k, or at the horizon n). It returns the ``Response`` with the
-  highest raw reward -- with that response's own source nodes -- and puts the evidence in
+  highest raw reward -- with that response's own source nodes; a structured-output inner
+  engine's ``PydanticResponse`` stays one, its object intact -- and puts the evidence in
   ``Response.metadata``: ``candidates``, ``rewards``, ``n_samples``, ``stop_reason``, ``trace``
   (one dict per Stopper decision), ``chosen_index``, ``best_reward``, ``usage`` and ``error``.
 * :class:`BeaconQueryTransform` (a ``BaseQueryTransform``, for ``TransformQueryEngine``) does
@@ -25,7 +26,7 @@ import math
 from typing import Any, Literal
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
-from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
+from llama_index.core.base.response.schema import RESPONSE_TYPE, PydanticResponse, Response
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
@@ -33,13 +34,13 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.default_prompts import DEFAULT_HYDE_PROMPT
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
-from llama_index.core.schema import QueryBundle, QueryType
+from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
 
-from beacon._sync import run_sync
+from beacon._sync import call_in_thread, run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine import BeaconSampler
-from beacon.errors import ConfigError
+from beacon.errors import BeaconError, ConfigError
 from beacon.events import BeaconEvent, SampleEvent
 from beacon.result import BeaconResult
 from beacon.retry import RetryPolicy
@@ -58,6 +59,7 @@ __all__ = [
     "BeaconQueryTransform",
     "BeaconSampleEvent",
     "BeaconSamplingError",
+    "RetrieveNotSupportedError",
 ]
 
 dispatcher = get_dispatcher(__name__)
@@ -68,6 +70,21 @@ DEFAULT_REWRITE_PROMPT = PromptTemplate(
     "Query: {query_str}\n"
     "Rewritten query: "
 )
+
+
+class RetrieveNotSupportedError(BeaconError, NotImplementedError):
+    """:meth:`BeaconQueryEngine.retrieve` / ``aretrieve`` on an engine with nothing to retrieve
+    from: it samples from an LLM (``llm=``), or its inner query engine does not retrieve.
+
+    A ``NotImplementedError`` (what LlamaIndex's ``BaseQueryEngine.retrieve`` raises), so code
+    that probes for retrieval support with ``except NotImplementedError`` keeps working.
+    ``source`` is the LLM or the inner query engine.
+    """
+
+    def __init__(self, source: Any, reason: str) -> None:
+        self.source = source
+        self.reason = reason
+        super().__init__(reason)
 
 
 def _finite(v: float) -> float | None:
@@ -343,10 +360,58 @@ class BeaconQueryEngine(BaseQueryEngine):
                 source_nodes=list(chosen.source_nodes),
                 metadata={**(chosen.metadata or {}), **meta},
             )
+        if isinstance(chosen, PydanticResponse):  # a structured-output inner engine's
+            return PydanticResponse(
+                response=chosen.response,
+                source_nodes=list(chosen.source_nodes),
+                metadata={**(chosen.metadata or {}), **meta},
+            )
         return Response(response=best.text, source_nodes=[], metadata=meta)
 
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         return run_sync(self._aquery(query_bundle))
+
+    # -- retrieval: the inner query engine's --------------------------------------------------
+    def _retrieving_engine(self, method: str) -> BaseQueryEngine:
+        """The inner query engine, when it retrieves; else :class:`RetrieveNotSupportedError`."""
+        inner = self._query_engine
+        if inner is None:
+            raise RetrieveNotSupportedError(
+                self._llm,
+                f"{method}() needs an inner query engine with a retriever "
+                f"(BeaconQueryEngine(..., query_engine=index.as_query_engine(...))); this one "
+                f"samples from the LLM {type(self._llm).__name__} and retrieves nothing",
+            )
+        if type(inner).retrieve is BaseQueryEngine.retrieve:
+            raise RetrieveNotSupportedError(
+                inner,
+                f"{method}() is delegated to the inner query engine, and "
+                f"{type(inner).__name__} does not support retrieve",
+            )
+        return inner
+
+    def retrieve(self, query_bundle: QueryType) -> list[NodeWithScore]:
+        """The nodes the inner query engine retrieves for ``query_bundle`` (a ``QueryBundle``
+        or a query string), with its node postprocessors applied: what each BEACON sample is
+        grounded on. No sampling happens.
+
+        Raises :class:`RetrieveNotSupportedError` (a ``NotImplementedError``) when built with
+        ``llm=``, or when the inner query engine does not support ``retrieve``.
+        """
+        inner = self._retrieving_engine("retrieve")
+        return inner.retrieve(_as_bundle("query_bundle", query_bundle))
+
+    async def aretrieve(self, query_bundle: QueryType) -> list[NodeWithScore]:
+        """Async :meth:`retrieve`: the inner engine's ``aretrieve`` (``RetrieverQueryEngine``
+        and its kin have one); an inner engine with a sync ``retrieve`` only is run in a
+        worker thread so the event loop is not blocked."""
+        inner = self._retrieving_engine("aretrieve")
+        bundle = _as_bundle("query_bundle", query_bundle)
+        aretrieve = getattr(inner, "aretrieve", None)
+        if callable(aretrieve):
+            nodes: list[NodeWithScore] = await aretrieve(bundle)
+            return nodes
+        return await call_in_thread(inner.retrieve, bundle)
 
 
 class BeaconQueryTransform(BaseQueryTransform):

@@ -475,6 +475,28 @@ def test_sync_run_uses_a_session_per_loop(server_url_sync: str) -> None:
     assert len(s._sessions) == 0
 
 
+def test_sync_runs_do_not_accumulate_finished_loops_and_sessions(server_url_sync: str) -> None:
+    import gc
+    import weakref
+
+    cfg = beacon.BeaconConfig(cost=0.01, horizon=4, family="bernoulli")
+    s = HttpRewardScorer(server_url_sync + "/binary", batched=True, score_path="scores")
+    loops: list[Any] = []
+
+    async def gen(prompt: Any) -> str:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        return "good"
+
+    sampler = BeaconSampler(gen, s, cfg)
+    for _ in range(5):  # each sync run: a fresh event loop, closed when it returns
+        assert sampler.run("q").stop_reason == "absorbed"
+    gc.collect()
+    # only the latest loop's (closed) session may remain until the next request
+    assert len(s._sessions) <= 1
+    alive = {id(lp) for ref in loops if (lp := ref()) is not None}
+    assert len(alive) <= 1  # finished loops are freed (at most the latest one is held)
+
+
 @pytest.fixture
 def server_url_sync() -> Any:
     """The test server on its own loop in a thread, for tests using the sync API."""

@@ -279,6 +279,45 @@ async def test_sync_stream_inside_a_running_loop_and_early_close() -> None:
     gen.close()  # cancels the sampling thread instead of hanging
 
 
+def _join_stream_threads() -> None:
+    for t in threading.enumerate():
+        if t.name == "beacon-stream":
+            t.join()
+
+
+def test_closing_a_sync_stream_after_its_loop_finished_raises_nothing() -> None:
+    from beacon_integrations.langchain import _iterate_in_thread
+
+    async def one() -> Any:
+        yield "only"
+
+    it = _iterate_in_thread(one)
+    assert next(it) == "only"
+    _join_stream_threads()  # the generator is exhausted and its private loop closed
+    it.close()  # was: RuntimeError("Event loop is closed")
+
+
+def test_breaking_out_of_stream_at_the_final_chunk_reports_no_error() -> None:
+    import sys
+
+    unraisable: list[Any] = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    try:
+        gen = make().stream("q")
+        for chunk in gen:
+            if chunk.kind == "final":
+                break
+        _join_stream_threads()
+        gen.close()
+        del gen
+    finally:
+        sys.unraisablehook = old_hook
+    assert chunk.kind == "final"
+    check_choice(chunk.output, SCRIPT, CFG)
+    assert [u.exc_value for u in unraisable] == []
+
+
 async def test_chain_streams_through_beacon_runnable_like_invoke() -> None:
     # prompt | BeaconRunnable | parser: the chain's stream reaches BeaconRunnable through
     # transform/atransform, which must hand the next step what invoke returns (a message), not
@@ -609,6 +648,36 @@ async def test_as_beacon_tool_returns_a_base_tool_with_the_best_answer() -> None
         make().as_beacon_tool("", "desc")
 
 
+class RunTree(BaseCallbackHandler):
+    """Records (kind, name, run_id, parent_run_id) of every tool and chain run start."""
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[str, Any, Any, Any]] = []
+
+    def on_tool_start(self, serialized: Any, input_str: Any, *, run_id: Any,
+                      parent_run_id: Any = None, **kw: Any) -> None:
+        self.starts.append(("tool", serialized.get("name"), run_id, parent_run_id))
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: Any,
+                       parent_run_id: Any = None, **kw: Any) -> None:
+        self.starts.append(("chain", kw.get("name"), run_id, parent_run_id))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_beacon_run_nests_under_the_tool_run(mode: str) -> None:
+    tool = make().as_beacon_tool("best_of_n", "desc")
+    rec = RunTree()
+    cfg: Any = {"callbacks": [rec], "run_name": "outer", "tags": ["t1"]}
+    call = {"type": "tool_call", "id": "call-1", "name": "best_of_n", "args": {"question": "q"}}
+    msg = tool.invoke(call, cfg) if mode == "sync" else await tool.ainvoke(call, cfg)
+    assert msg.content == _best_answer()
+    tool_run = next(rid for kind, _, rid, _ in rec.starts if kind == "tool")
+    beacon_runs = [(rid, parent) for kind, name, rid, parent in rec.starts
+                   if kind == "chain" and name == "BeaconRunnable"]
+    assert len(beacon_runs) == 1, rec.starts  # the tool's run_name stays on the tool run
+    assert beacon_runs[0][1] == tool_run
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_agent_loop_calls_the_tool_and_gets_the_best_answer(mode: str) -> None:
     from langchain.agents import create_agent
@@ -727,6 +796,26 @@ async def test_async_callback_handlers_receive_custom_events() -> None:
     res = await make(return_result=True).ainvoke("q", {"callbacks": [h]})
     assert h.names.count("beacon_sample") == len(res.candidates)
     assert h.names.count("beacon_decision") == len(res.trace)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "best of n", "best.of.n", "beste_antwort_ü", "a" * 65, "best_of_n\n", "tool/x", 7, None],
+)
+def test_as_beacon_tool_rejects_names_providers_reject(name: Any) -> None:
+    with pytest.raises(beacon.ConfigError, match="name") as info:
+        make().as_beacon_tool(name, "desc")
+    assert info.value.field == "name" and info.value.value == name
+
+
+@pytest.mark.parametrize("name", ["a", "best_of_n", "Best-Of-N_2", "x" * 64])
+def test_as_beacon_tool_accepts_provider_valid_names(name: str) -> None:
+    assert make().as_beacon_tool(name, "desc").name == name
+
+
+def test_as_beacon_tool_rejects_an_empty_description() -> None:
+    with pytest.raises(beacon.ConfigError, match="description"):
+        make().as_beacon_tool("best_of_n", "")
 
 
 def test_tool_reports_a_query_with_no_scored_sample_to_the_agent() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.base_query_engine import BaseQueryEngine
-from llama_index.core.base.response.schema import Response
+from llama_index.core.base.response.schema import PydanticResponse, Response
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.evaluation import BaseEvaluator, EvaluationResult
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
@@ -19,10 +20,12 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
 from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.postprocessor import SimilarityPostprocessor
 from llama_index.core.prompts import PromptTemplate
-from llama_index.core.query_engine import TransformQueryEngine
-from llama_index.core.schema import QueryBundle
-from pydantic import Field, PrivateAttr
+from llama_index.core.query_engine import RetrieverQueryEngine, TransformQueryEngine
+from llama_index.core.retrievers import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from pydantic import BaseModel, Field, PrivateAttr
 
 import beacon
 from beacon import BeaconConfig, Draw, NIGPrior, Stopper
@@ -34,6 +37,7 @@ from beacon_integrations.llama_index import (
     BeaconQueryTransform,
     BeaconSampleEvent,
     BeaconSamplingError,
+    RetrieveNotSupportedError,
 )
 
 # -- fakes ----------------------------------------------------------------------------------------
@@ -298,6 +302,114 @@ def test_streaming_inner_engine_samples_are_read_to_the_end(run: str) -> None:
     md = check_best_response(resp)
     assert md["usage"]["failed_calls"] == 0
     assert len(resp.source_nodes) == 2
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+@pytest.mark.parametrize("run", ["query", "aquery"])
+def test_structured_output_inner_engine_keeps_its_pydantic_response(run: str) -> None:
+    script = [json.dumps({"answer": t}) for t in SCRIPT]
+    inner = make_index().as_query_engine(
+        llm=ScriptedLLM(script=script), output_cls=Answer, similarity_top_k=2
+    )
+    seen: list[str] = []
+
+    def score(query: str, text: str) -> float:
+        seen.append(text)
+        return REWARDS[json.loads(text)["answer"]]  # the scorer sees the answer's JSON
+
+    qe = BeaconQueryEngine(score, CFG, query_engine=inner)
+    resp = qe.query("capital?") if run == "query" else asyncio.run(qe.aquery("capital?"))
+    best, n, reason = best_of(SCRIPT, CFG)
+    assert seen == [json.dumps({"answer": t}, separators=(",", ":")) for t in SCRIPT[:n]]
+    assert isinstance(resp, PydanticResponse)
+    assert resp.response == Answer(answer=best)  # the typed object, not its text
+    assert len(resp.source_nodes) == 2  # the chosen response's own sources
+    md = resp.metadata or {}
+    assert (md["n_samples"], md["stop_reason"]) == (n, reason)
+    assert md["candidates"] == seen
+
+
+# -- retrieve / aretrieve: delegated to the inner query engine ----------------------------------
+
+
+class RecordingRetriever(BaseRetriever):
+    """LlamaIndex retriever over the test index that records which path (sync/async) ran."""
+
+    def __init__(self, inner: BaseRetriever) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls: list[tuple[str, str]] = []
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.calls.append(("sync", query_bundle.query_str))
+        return self.inner.retrieve(query_bundle)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        self.calls.append(("async", query_bundle.query_str))
+        return await self.inner.aretrieve(query_bundle)
+
+
+def _rag_engine() -> tuple[RetrieverQueryEngine, RecordingRetriever]:
+    retriever = RecordingRetriever(make_index().as_retriever(similarity_top_k=3))
+    inner = RetrieverQueryEngine.from_args(
+        retriever, llm=ScriptedLLM(script=SCRIPT),
+        node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=-1.0)],
+    )
+    return inner, retriever
+
+
+def _ids(nodes: list[NodeWithScore]) -> list[str]:
+    return [n.node.node_id for n in nodes]
+
+
+@pytest.mark.parametrize("query", ["capital of France?", QueryBundle("capital of France?")])
+async def test_retrieve_and_aretrieve_reach_the_inner_engines_retriever(query: Any) -> None:
+    inner, retriever = _rag_engine()
+    qe = BeaconQueryEngine(table_scorer, CFG, query_engine=inner)
+    want = _ids(inner.retrieve(QueryBundle("capital of France?")))
+    assert len(want) == 3
+    retriever.calls.clear()
+    assert _ids(qe.retrieve(query)) == want
+    assert retriever.calls == [("sync", "capital of France?")]
+    assert _ids(await qe.aretrieve(query)) == want
+    assert retriever.calls[1:] == [("async", "capital of France?")]  # natively async
+    assert _ids(qe.retrieve(query)) == want  # sync retrieve inside a running loop
+    assert inner._response_synthesizer._llm._i == 0  # retrieval only: no sample was drawn
+
+
+def test_retrieve_delegates_through_a_transform_query_engine_with_sync_retrieve_only() -> None:
+    inner, retriever = _rag_engine()
+    rewrites = [f"capital city {t}" for t in SCRIPT]
+    transform = BeaconQueryTransform(ScriptedLLM(script=rewrites), table_scorer, CFG)
+    tqe = TransformQueryEngine(inner, transform)
+    qe = BeaconQueryEngine(table_scorer, CFG, query_engine=tqe)
+    best, _, _ = best_of(SCRIPT, CFG)
+    assert len(qe.retrieve("capital?")) == 3
+    assert len(asyncio.run(qe.aretrieve("capital?"))) == 3
+    # both retrieved with the best rewrite of the query
+    assert retriever.calls == [("sync", f"capital city {best}")] * 2
+
+
+def test_retrieve_without_a_retrieving_inner_engine_is_a_typed_error() -> None:
+    llm = ScriptedLLM(script=SCRIPT)
+    qe = BeaconQueryEngine(table_scorer, CFG, llm=llm)
+    for call in (lambda: qe.retrieve("q"), lambda: asyncio.run(qe.aretrieve("q"))):
+        with pytest.raises(RetrieveNotSupportedError, match="ScriptedLLM") as info:
+            call()
+        assert isinstance(info.value, NotImplementedError)
+        assert isinstance(info.value, beacon.BeaconError) and info.value.source is llm
+    rag = ScriptedRAG(SCRIPT)  # a BaseQueryEngine that answers but does not support retrieve
+    qe = BeaconQueryEngine(table_scorer, CFG, query_engine=rag)
+    with pytest.raises(RetrieveNotSupportedError, match="ScriptedRAG"):
+        qe.retrieve("q")
+    with pytest.raises(RetrieveNotSupportedError, match="ScriptedRAG"):
+        asyncio.run(qe.aretrieve("q"))
+    inner, _ = _rag_engine()
+    with pytest.raises(TypeError, match="query_bundle"):
+        BeaconQueryEngine(table_scorer, CFG, query_engine=inner).retrieve(None)  # type: ignore[arg-type]
 
 
 # -- BeaconQueryTransform -------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import re
+import threading
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -367,6 +368,7 @@ class HttpRewardScorer:
         self._sessions: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, AsyncGenerator[None, None]]
         ] = weakref.WeakKeyDictionary()
+        self._sessions_lock = threading.Lock()  # loops in several threads share the scorer
 
     # -- presets --------------------------------------------------------------------------------
     @classmethod
@@ -506,6 +508,7 @@ class HttpRewardScorer:
         loop = asyncio.get_running_loop()
         entry = self._sessions.get(loop)
         if entry is None or entry[0].closed:
+            self._forget_finished()
             s = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
                     limit=self.max_connections, limit_per_host=self.max_connections_per_host
@@ -524,8 +527,21 @@ class HttpRewardScorer:
             keeper = _close_at_loop_shutdown(s)
             await keeper.__anext__()
             entry = (s, keeper)
-            self._sessions[loop] = entry
+            with self._sessions_lock:
+                self._sessions[loop] = entry
         return entry[0]
+
+    def _forget_finished(self) -> None:
+        """Drop the entries of closed loops and closed sessions.
+
+        Each value holds its session, which holds its loop: the weak keys alone would never
+        let a finished loop go, so every sync call (a fresh loop each: ``BeaconSampler.run``,
+        ``BeaconRunnable.invoke``) would leave a closed session and a dead loop behind.
+        """
+        with self._sessions_lock:
+            for lp, (s, _keeper) in list(self._sessions.items()):
+                if s.closed or lp.is_closed():
+                    del self._sessions[lp]
 
     def _scrub(self, text: str) -> str:
         if self._secret:
@@ -571,10 +587,12 @@ class HttpRewardScorer:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        for lp, (s, _keeper) in list(self._sessions.items()):
+        with self._sessions_lock:
+            entries = list(self._sessions.items())
+            self._sessions.clear()
+        for lp, (s, _keeper) in entries:
             if lp is loop:
                 await s.close()
-            del self._sessions[lp]
 
     async def __aenter__(self) -> HttpRewardScorer:
         return self
