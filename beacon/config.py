@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from beacon._checks import is_integer, is_real
-from beacon.errors import ConfigError
+from beacon._checks import boolean, is_integer, is_real, real_as_float
+from beacon.errors import ConfigError, ConfigTypeError
 from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
 from beacon.transforms import RewardTransform, make_transform
 
@@ -53,9 +53,10 @@ class BeaconConfig:
         cost = self.cost
         if not is_real(cost):
             raise ConfigError("cost", cost, "must be a positive real number")
-        if not math.isfinite(cost) or cost <= 0:
+        cost_f = real_as_float(cost)  # an int beyond the float range is inf, not OverflowError
+        if not math.isfinite(cost_f) or cost_f <= 0:
             raise ConfigError("cost", cost, "must be finite and > 0")
-        object.__setattr__(self, "cost", float(cost))
+        object.__setattr__(self, "cost", cost_f)
         for name in ("horizon", "batch_size", "max_failures"):
             v = getattr(self, name)
             if not is_integer(v):
@@ -65,8 +66,8 @@ class BeaconConfig:
             raise ConfigError("batch_size", self.batch_size, "must be >= 1")
         if self.max_failures < 0:
             raise ConfigError("max_failures", self.max_failures, "must be >= 0")
-        if not isinstance(self.robust, bool):
-            raise ConfigError("robust", self.robust, "must be True or False")
+        # numpy booleans are accepted (as numpy integers are for the integer fields)
+        object.__setattr__(self, "robust", boolean("robust", self.robust))
         q = self.robust_quantile
         if not is_real(q) or not (0.0 < q < 0.5):
             raise ConfigError("robust_quantile", q, "must be in (0, 0.5)")
@@ -97,7 +98,14 @@ class BeaconConfig:
         return self._k0
 
     def replace(self, **changes: Any) -> BeaconConfig:
-        """A validated copy with ``changes`` applied."""
+        """A validated copy with ``changes`` applied; an unknown field is a
+        :class:`beacon.ConfigTypeError` naming it (as in :meth:`from_dict`)."""
+        known = {f.name for f in fields(self) if f.init}
+        for name in changes:
+            if name not in known:
+                raise ConfigTypeError(
+                    name, changes[name], f"unknown config field; known: {sorted(known)}"
+                )
         return replace(self, **changes)
 
     # -- serialization -------------------------------------------------------------------------

@@ -7,22 +7,31 @@ reports how many samples it used, which one it chose (the best raw reward among 
 first on ties) and why it stopped. When a row runs out of logged samples before the policy stops,
 the prompt stops with reason ``horizon`` and ``truncated`` is set.
 
-The built-in ``normal`` and ``bernoulli`` families run in numba kernels (one pass, parallel over
-prompts); any other registered family is replayed through the Stopper itself.
+The built-in ``normal``, ``bernoulli`` and ``judge`` families run in numba kernels (one pass,
+parallel over prompts); any other registered family (a plugin, also one registered over a
+built-in's name) is replayed through the Stopper itself.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from beacon._checks import real_as_float
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigTypeError, RewardError
-from beacon.families.bernoulli import reservation_cost
-from beacon.families.judge import WIN_THRESHOLD
-from beacon.families.normal import MAX_ABS_REWARD, TOO_LARGE_MESSAGE, predictive_quantile
+from beacon.families import get_family
+from beacon.families.bernoulli import BernoulliFamily, reservation_cost
+from beacon.families.judge import WIN_THRESHOLD, JudgeFamily
+from beacon.families.normal import (
+    MAX_ABS_REWARD,
+    TOO_LARGE_MESSAGE,
+    NormalFamily,
+    predictive_quantile,
+)
 from beacon.priors import BetaPrior, NIGPrior
 from beacon.stopper import Draw, Stopper
 
@@ -65,11 +74,17 @@ def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
         if given.dtype.kind not in "biufO":
             raise TypeError(f"elements of dtype {given.dtype} are not real numbers")
         if given.dtype.kind == "O":
-            for v in given.flat:
-                if isinstance(v, str | bytes | complex):
+            for idx, v in np.ndenumerate(given):
+                if isinstance(v, str | bytes | complex | np.complexfloating):
                     raise TypeError(f"element {v!r} is not a real number")
+                if isinstance(v, int) and not math.isfinite(real_as_float(v)):
+                    # an int beyond the float range: the Stopper's "must be finite"
+                    pos = tuple(int(i) for i in idx) if given.ndim == 2 else "rewards"
+                    raise RewardError(pos, v, "rewards must be finite (NaN marks missing)")
         x = np.asarray(given, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, RewardError):
+            raise
         raise RewardError("rewards", "<array>", f"must be a numeric 2-D array ({exc})") from exc
     if x.ndim == 1:
         raise RewardError("rewards", f"shape {x.shape}", "must be 2-D (prompts x samples)")
@@ -92,7 +107,10 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
         )
     raw = _as_matrix(rewards)
     prior = cfg.resolved_prior
-    if cfg.family == "normal" and isinstance(prior, NIGPrior):
+    # The kernels replicate the built-in families; a family registered over a built-in name (or
+    # a subclass of one) decides its own way, so it is replayed through the Stopper.
+    kind = type(get_family(cfg.family))
+    if kind is NormalFamily and isinstance(prior, NIGPrior):
         x = raw if cfg.transform is None else np.ascontiguousarray(cfg.transform.apply(raw))
         bad = np.isinf(x) | (np.isnan(x) & ~np.isnan(raw))
         if bad.any():
@@ -107,15 +125,15 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
         from beacon.index import get_table
 
         table = get_table(cfg.horizon, prior.alpha0, prior.nu0)
-        tq = np.array(
-            [
-                predictive_quantile(2.0 * prior.alpha0 + k, cfg.robust_quantile)
-                if 2.0 * prior.alpha0 + k > 0
-                else -np.inf
-                for k in range(cfg.horizon + 1)
-            ],
-            dtype=np.float64,
-        )
+        # the robust rule's Student-t quantile per k, at dof 2 alpha_k with alpha_k summed half
+        # by half as the Stopper's update does (2 alpha0 + k can differ in the last bit)
+        tq = np.empty(cfg.horizon + 1, dtype=np.float64)
+        alpha_k = prior.alpha0
+        for k in range(cfg.horizon + 1):
+            tq[k] = -np.inf
+            if alpha_k > 0:
+                tq[k] = predictive_quantile(2.0 * alpha_k, cfg.robust_quantile)
+            alpha_k = alpha_k + 0.5
         used, chosen, code, trunc = replay_normal(
             x,
             raw,
@@ -132,8 +150,9 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
             cfg.cost,
             tuple(table.lookup_arrays()),
         )
-    elif cfg.family in ("bernoulli", "judge") and isinstance(prior, BetaPrior):
-        if cfg.family == "bernoulli":
+    elif kind in (BernoulliFamily, JudgeFamily) and isinstance(prior, BetaPrior):
+        judge = kind is JudgeFamily
+        if not judge:
             ok = np.isnan(raw) | (raw == 0.0) | (raw == 1.0)
             why = "the bernoulli family needs rewards 0 or 1"
             wins = raw
@@ -147,14 +166,17 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
             raise RewardError((r, c), float(raw[r, c]), why)
         from beacon._kernels.replay import replay_bernoulli
 
-        h_b = np.array(
-            [reservation_cost(cfg.horizon, k, prior.a0, prior.b0 + k) for k in range(cfg.horizon)],
-            dtype=np.float64,
-        )
+        # h^B_{n,k}(a0, b_k) before any success; b_k summed one failure at a time as the
+        # Stopper's update does (b0 + k itself can differ in the last bit, and so can h^B)
+        h_b = np.empty(cfg.horizon, dtype=np.float64)
+        b_k = prior.b0
+        for k in range(cfg.horizon):
+            h_b[k] = reservation_cost(cfg.horizon, k, prior.a0, b_k)
+            b_k += 1.0
         used, chosen, code, trunc = replay_bernoulli(
             np.ascontiguousarray(wins), cfg.horizon, cfg.k0, cfg.batch_size, h_b, cfg.cost
         )
-        if cfg.family == "judge":
+        if judge:
             chosen = _first_argmax_among_used(raw, used)
     else:
         return _replay_with_stopper(raw, cfg)

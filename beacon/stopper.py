@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from beacon._checks import is_integer
 from beacon.config import BeaconConfig
-from beacon.errors import ConfigTypeError, RewardError, StopperStateError
+from beacon.errors import ConfigError, ConfigTypeError, RewardError, StopperStateError
 from beacon.families import get_family
 from beacon.families.base import DecisionTuple
 
@@ -144,6 +145,32 @@ def _as_reward_list(reward: object, pos: int) -> list[Any]:
     return [reward]
 
 
+def _reward_as_float(r: Any, pos: int) -> float:
+    """One element of :meth:`Stopper.observe`'s input as a float (the family checks it next).
+
+    Text (``"0.5"`` would parse) and complex numbers (numpy's would lose their imaginary part)
+    are refused, as :func:`beacon.replay` refuses arrays of them.
+    """
+    if isinstance(r, str | bytes):
+        raise RewardError(pos, r, "rewards must be real numbers, not text")
+    kind = getattr(getattr(r, "dtype", None), "kind", "f")
+    if isinstance(r, complex) or (isinstance(kind, str) and kind not in "biuf"):
+        raise RewardError(pos, r, "rewards must be real numbers")
+    try:
+        return float(r)
+    except OverflowError as exc:  # an int beyond the float range
+        raise RewardError(pos, r, "rewards must be finite") from exc
+    except (TypeError, ValueError) as exc:
+        raise RewardError(pos, r, "rewards must be real numbers") from exc
+
+
+# Slots holding what Stopper.__init__ derives from the config (closures of the bound family):
+# rebuilt from the config when a pickled Stopper is loaded, never pickled themselves.
+_DERIVED = frozenset(
+    ("_decide", "_direct", "_draws", "_family", "_transform", "_update", "_validate", "_view")
+)
+
+
 class Stopper:
     """Sequential (or batched) optimal stopping for one query under ``cfg``."""
 
@@ -175,6 +202,18 @@ class Stopper:
             "cfg", cfg, f"must be a beacon.BeaconConfig, got {type(cfg).__name__}"
         )
         self._cfg = cfg
+        self._bind(cfg)
+        self._state: Any = self._family.initial_state(cfg)  # the working state
+        self._pending = 0
+        self._stop: Stop | None = None
+        self._trace: list[TraceRecord] = []  # records built so far
+        self._raw_trace: list[_RawRecord] = []  # decisions not yet turned into records
+        self._n_obs = 0
+        self._best_index = -1
+        self._best_raw = -math.inf
+
+    def _bind(self, cfg: BeaconConfig) -> None:
+        """Set the slots derived from ``cfg`` (:data:`_DERIVED`)."""
         self._family = get_family(cfg.family)
         bound = self._family.bind(cfg)
         self._validate, self._update, self._decide = bound.validate, bound.update, bound.decide
@@ -185,14 +224,25 @@ class Stopper:
         # the draw after a "continue" at k: min(batch_size, n - k) samples
         self._draws = _continue_draws(cfg.batch_size, cfg.horizon)
         self._transform = cfg.transform
-        self._state: Any = self._family.initial_state(cfg)  # the working state
-        self._pending = 0
-        self._stop: Stop | None = None
-        self._trace: list[TraceRecord] = []  # records built so far
-        self._raw_trace: list[_RawRecord] = []  # decisions not yet turned into records
-        self._n_obs = 0
-        self._best_index = -1
-        self._best_raw = -math.inf
+
+    # -- copying and pickling ------------------------------------------------------------------
+    def __copy__(self) -> Stopper:
+        """An independent Stopper in the same state (the trace lists are not shared)."""
+        new = Stopper.__new__(Stopper)
+        for name in Stopper.__slots__:
+            object.__setattr__(new, name, getattr(self, name))
+        new._trace = list(self._trace)
+        new._raw_trace = list(self._raw_trace)
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The Stopper's own data; the family's step functions are bound again on load."""
+        return {name: getattr(self, name) for name in Stopper.__slots__ if name not in _DERIVED}
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        for name, value in data.items():
+            object.__setattr__(self, name, value)
+        self._bind(self._cfg)
 
     # -- read-only views -----------------------------------------------------------------------
     @property
@@ -279,14 +329,17 @@ class Stopper:
 
     def discard(self, count: int = 1) -> None:
         """Release ``count`` pending samples that failed (they are not rewards)."""
+        if not is_integer(count):
+            raise ConfigTypeError("count", count, "must be an integer number of samples")
+        count = int(count)
         if count < 0 or count > self._pending:
             raise StopperStateError(f"discard({count}) with {self._pending} pending")
         self._pending -= count
 
     def stop(self, reason: str) -> Stop:
         """Stop from outside (``budget`` or ``error``); pending samples are abandoned."""
-        if reason not in STOP_REASONS:
-            raise ValueError(f"reason must be one of {STOP_REASONS}, got {reason!r}")
+        if not isinstance(reason, str) or reason not in STOP_REASONS:
+            raise ConfigError("reason", reason, f"must be one of {STOP_REASONS}")
         if self._stop is None:
             self._pending = 0
             self._halt(reason, self._state)
@@ -315,13 +368,7 @@ class Stopper:
                 st = update(st, r)  # what the checks below give for a finite float
                 raw = r
             else:
-                try:
-                    raw = float(r)
-                except OverflowError as exc:  # an int beyond the float range
-                    raise RewardError(pos, r, "rewards must be finite") from exc
-                except (TypeError, ValueError) as exc:
-                    raise RewardError(pos, r, "rewards must be real numbers") from exc
-                raw = validate(raw, pos)
+                raw = validate(_reward_as_float(r, pos), pos)
                 st = update(st, raw if tr is None else tr.apply_scalar(raw, pos))
             if raw > best:
                 best, best_pos = raw, pos

@@ -98,3 +98,23 @@ def test_rewards_must_be_binary(bad: float) -> None:
     with pytest.raises(RewardError) as exc:
         s.observe(bad)
     assert exc.value.position == 0
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "field"),
+    [
+        (None, 1, "a"),
+        ("1", 1, "a"),
+        (True, 1, "a"),
+        (1, [1], "b"),
+        (10**400, 1, "a"),
+        (1, 1 + 0j, "b"),
+        (1, -(10**400), "b"),
+    ],
+)
+def test_reservation_cost_refuses_non_numbers_with_a_config_error(
+    a: object, b: object, field: str
+) -> None:
+    with pytest.raises(beacon.ConfigError) as exc:
+        beacon.reservation_cost(8, 0, a, b)  # type: ignore[arg-type]
+    assert exc.value.field == field

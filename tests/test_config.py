@@ -163,3 +163,32 @@ def test_numpy_scalars_are_numbers_and_are_stored_as_python_numbers() -> None:
         assert ei.value.field == field
     with pytest.raises(ConfigError, match="max_tokens"):
         Budget(max_tokens=np.float64(5.0))
+
+
+@pytest.mark.parametrize("cost", [10**400, -(10**400)])
+def test_an_int_cost_beyond_the_float_range_is_a_config_error(cost: int) -> None:
+    # float(10**400) raises OverflowError: it must be the typed error naming the field
+    with pytest.raises(ConfigError) as exc:
+        BeaconConfig(cost=cost)
+    assert exc.value.field == "cost" and exc.value.value == cost
+
+
+def test_numpy_boolean_robust_is_accepted_and_stored_as_bool() -> None:
+    import numpy as np
+
+    for flag in (np.True_, np.False_):
+        cfg = BeaconConfig(robust=flag)  # type: ignore[arg-type]
+        assert type(cfg.robust) is bool and cfg.robust is bool(flag)
+        assert cfg == BeaconConfig(robust=bool(flag))
+    with pytest.raises(ConfigError, match="robust"):
+        BeaconConfig(robust=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["costt", "_k0", "_prior"])
+def test_replace_with_an_unknown_field_is_a_typed_error_naming_it(field: str) -> None:
+    from beacon import ConfigTypeError
+
+    with pytest.raises(ConfigTypeError) as exc:
+        BeaconConfig().replace(**{field: 1})
+    assert exc.value.field == field and isinstance(exc.value, TypeError)
+    assert BeaconConfig().replace(cost=0.5).cost == 0.5

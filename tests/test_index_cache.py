@@ -181,3 +181,42 @@ def test_unwritable_cache_only_warns(tmp_path: Path, monkeypatch: pytest.MonkeyP
         t = get_table(5, alpha0=2.0, nu0=1.0)
     assert t.n == 5
     cache_mod.clear_memory_cache()
+
+
+def _damaged_files(good: bytes) -> dict[str, bytes]:
+    """Cache files a crash, a full disk or another tool could leave behind."""
+    import io
+
+    def npz(**changes: object) -> bytes:
+        data = dict(np.load(io.BytesIO(good), allow_pickle=False))
+        data.update(changes)
+        buf = io.BytesIO()
+        np.savez(buf, **data)  # type: ignore[arg-type]
+        return buf.getvalue()
+
+    bare = io.BytesIO()
+    np.save(bare, np.zeros(3))
+    return {
+        "truncated": good[: len(good) // 2],  # zip magic, no central directory
+        "version-array": npz(format_version=np.array([1, 2])),
+        "n-text": npz(n=np.array("eight")),
+        "bare-npy": bare.getvalue(),
+        "empty": b"",
+    }
+
+
+@pytest.mark.parametrize("kind", ["truncated", "version-array", "n-text", "bare-npy", "empty"])
+def test_a_damaged_cache_file_is_rebuilt_and_from_npz_raises_value_error(
+    cache_dir: Path, kind: str
+) -> None:
+    name = cache_mod.table_filename(5, 1.0, 1.0)
+    good = cache_mod.find_table(5, alpha0=1.0, nu0=1.0).table
+    path = cache_dir / name
+    path.write_bytes(_damaged_files(path.read_bytes())[kind])
+    with pytest.raises(ValueError):
+        HTable.from_npz(path)
+    cache_mod.clear_memory_cache()
+    found = cache_mod.find_table(5, alpha0=1.0, nu0=1.0)
+    assert found.source == "standard, built and cached"
+    assert np.array_equal(found.table.logh, good.logh)
+    assert HTable.from_npz(path).n == 5  # the damaged file was replaced

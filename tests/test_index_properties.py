@@ -216,3 +216,11 @@ def test_proper_prior_table() -> None:
 def test_import_does_not_load_numba() -> None:
     code = "import sys, beacon.index; assert 'numba' not in sys.modules, 'numba imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_int_z_beyond_the_float_range_is_an_infinite_z() -> None:
+    # float(10**400) raises OverflowError; as a standardized reward it is +-inf
+    t = get_table(8)
+    assert t.h(3, 10**400) == t.h(3, math.inf) == 0.0
+    assert t.h(3, -(10**400)) == t.h(3, -math.inf) == math.inf
+    assert h_index(8, 3, 10**400) == 0.0

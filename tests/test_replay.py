@@ -178,3 +178,108 @@ def test_prompts_with_no_logged_samples(family: str) -> None:
     assert none.chosen.tolist() == [-1, -1, -1]
     assert none.truncated.all() and np.isnan(none.best_reward).all()
     assert list(none.stop_reason) == list(missing.stop_reason)
+
+
+def test_an_int_beyond_the_float_range_is_a_reward_error_naming_its_cell() -> None:
+    x = np.array([[0.5] * 8, [0.5] * 7 + [10**400]], dtype=object)
+    with pytest.raises(RewardError, match="finite") as exc:
+        beacon.replay(x, BeaconConfig(horizon=8))
+    assert exc.value.position == (1, 7)
+
+
+def test_a_family_registered_over_a_builtin_is_replayed_as_its_stopper_decides() -> None:
+    # a plugin may replace a built-in on purpose; the numba kernels only know the built-ins
+    from beacon.families import _FAMILIES, Decision, register_family
+    from beacon.families.bernoulli import BernoulliFamily
+    from beacon.families.normal import NormalFamily
+
+    class StopAtOnce(NormalFamily):
+        def decide(self, state: object, cfg: BeaconConfig) -> Decision:
+            return Decision(False, "index", 0.0, 0.0, 0.0)
+
+    class NeverAbsorb(BernoulliFamily):
+        def decide(self, state: object, cfg: BeaconConfig) -> Decision:
+            return Decision(True, None, 0.0, 1.0, cfg.cost)
+
+    saved = dict(_FAMILIES)
+    try:
+        register_family("normal")(StopAtOnce)
+        register_family("bernoulli")(NeverAbsorb)
+        for cfg, x in (
+            (BeaconConfig(horizon=8, cost=1e-3), _rewards(3, 6, 8)),
+            (BeaconConfig(family="bernoulli", horizon=8, cost=0.05), np.ones((4, 8))),
+        ):
+            res = beacon.replay(x, cfg)
+            for i in range(x.shape[0]):
+                s = Stopper(cfg)
+                d = _drive_row(s, x[i])
+                assert res.n_samples[i] == s.k and res.stop_reason[i] == d.reason
+            assert res.n_samples.tolist() == [3 if cfg.family == "normal" else 8] * x.shape[0]
+    finally:
+        _FAMILIES.clear()
+        _FAMILIES.update(saved)
+
+
+def _drive_row(s: Stopper, row: np.ndarray) -> beacon.Stop:
+    it = iter(row[~np.isnan(row)].tolist())
+    while isinstance(d := s.next_decision(), Draw):
+        s.observe([next(it) for _ in range(d.count)])
+    return d
+
+
+@pytest.mark.parametrize("family", ["bernoulli", "judge"])
+def test_bernoulli_replay_equals_stopper_at_the_indifference_cost(family: str) -> None:
+    # b0 = 1/3: the Stopper's b after k failures (1/3 + 1 + 1 ...) is not b0 + k to the last
+    # bit, nor is h^B; a cost on the Stopper's h^B must give the same decision in the replay
+    from beacon.families.bernoulli import BernoulliState, beta_update
+
+    n, b0 = 8, 1 / 3
+    st = BernoulliState(0, -np.inf, 1.0, b0)
+    differ = 0
+    for k in range(n):
+        costs = {beacon.reservation_cost(n, k, st.a, b) for b in (st.b, b0 + k)}
+        differ += len(costs) - 1
+        for cost in costs:  # continue iff cost < h: the Stopper's h or the naive one
+            cfg = BeaconConfig(family=family, horizon=n, cost=cost, prior=BetaPrior(1.0, b0))
+            res = beacon.replay(np.zeros((1, n)), cfg)
+            s = Stopper(cfg)
+            d = _drive_row(s, np.zeros(n))
+            assert (res.n_samples[0], res.stop_reason[0]) == (s.k, d.reason)
+        st = BernoulliState(*beta_update(st, 0.0))
+    assert differ  # the case this test is about occurs
+
+
+def test_robust_replay_equals_stopper_on_the_robust_threshold() -> None:
+    # alpha0 = 0.9029: 2 alpha_15 summed half by half by the Stopper is not 2 alpha0 + 15 to the
+    # last bit, nor is the Student-t quantile of the robust rule; a reward on the Stopper's
+    # threshold, and a cost on the index it gives, must decide the same in the replay
+    import copy
+    import math
+
+    from beacon.families.normal import predictive_quantile
+
+    prior, n, k = NIGPrior(0.0, 1.0, 0.9029, 1.0), 17, 15
+    rs = np.random.default_rng(0).normal(size=k).tolist()
+    s = Stopper(BeaconConfig(horizon=n, prior=prior, cost=1e-12))
+    while s.k < k:
+        assert isinstance(s.next_decision(), Draw)
+        s.observe(rs[s.k])
+    st = s.state
+    q = s.config.robust_quantile
+    thresholds = {
+        st.mu + st.sigma * predictive_quantile(dof, q) for dof in (2.0 * st.alpha, 1.8058 + k)
+    }
+    assert len(thresholds) == 2  # the case this test is about occurs
+    for r in thresholds:
+        probe = copy.deepcopy(s)
+        probe.next_decision()
+        probe.observe(r)
+        probe.next_decision()
+        index_cost = probe.trace[-1].h * probe.state.sigma
+        row = np.array([[*rs, r, 0.0]])
+        for cost in (index_cost, math.nextafter(index_cost, 0.0)):
+            cfg = BeaconConfig(horizon=n, prior=prior, cost=cost)
+            res = beacon.replay(row, cfg)
+            ref = Stopper(cfg)
+            d = _drive_row(ref, row[0])
+            assert (res.n_samples[0], res.stop_reason[0]) == (ref.k, d.reason)

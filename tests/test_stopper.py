@@ -193,3 +193,88 @@ def test_a_config_of_the_wrong_type_is_one_error_in_the_stopper_replay_and_sampl
             call()
         assert isinstance(e.value, TypeError) and isinstance(e.value, ConfigError)
         assert e.value.field == "cfg" and e.value.value is cfg
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["0.5"],
+        [b"1"],
+        np.array(["0.5"]),
+        [np.array("0.5")],
+        [0.5, np.complex128(0.5)],
+        np.array([0.5 + 0j]),
+        [np.complex64(0.5)],
+    ],
+    ids=["str", "bytes", "str-array", "str-0d", "complex128", "complex-array", "complex64"],
+)
+def test_text_and_complex_elements_are_reward_errors_as_in_replay(bad: object) -> None:
+    # float("0.5") parses and numpy complex drops its imaginary part: replay refuses both
+    s = Stopper(BeaconConfig(horizon=8))
+    s.next_decision()
+    with pytest.raises(RewardError, match="real numbers"):
+        s.observe(bad)  # type: ignore[arg-type]
+    assert s.k == 0 and s.pending == 3
+
+
+@pytest.mark.parametrize("bad", [1.5, "1", True, None])
+def test_discard_needs_an_integer_count(bad: object) -> None:
+    from beacon import ConfigTypeError
+
+    s = Stopper(BeaconConfig(horizon=8))
+    s.next_decision()
+    with pytest.raises(ConfigTypeError) as exc:
+        s.discard(bad)  # type: ignore[arg-type]
+    assert exc.value.field == "count" and s.pending == 3
+    s.discard(np.int64(2))
+    assert s.pending == 1
+
+
+@pytest.mark.parametrize("bad", ["nope", ["index"], None])
+def test_stop_with_an_unknown_reason_is_a_config_error(bad: object) -> None:
+    from beacon import ConfigError
+
+    s = Stopper(BeaconConfig(horizon=8))
+    with pytest.raises(ConfigError) as exc:
+        s.stop(bad)  # type: ignore[arg-type]
+    assert exc.value.field == "reason" and isinstance(exc.value, ValueError)
+    assert s.stopped is None
+
+
+def _drive(s: Stopper, rewards: list[float]) -> Draw | Stop:
+    it = iter(rewards)
+    while isinstance(d := s.next_decision(), Draw):
+        s.observe([next(it) for _ in range(d.count)])
+    return d
+
+
+_COPY_CONFIGS = [
+    BeaconConfig(horizon=8, cost=0.01),
+    BeaconConfig(horizon=8, cost=0.01, transform="logit", batch_size=2),
+    _bern(horizon=8, cost=0.05),
+    BeaconConfig(family="judge", horizon=8, cost=0.05),
+]
+
+
+@pytest.mark.parametrize("cfg", _COPY_CONFIGS, ids=["normal", "logit", "bernoulli", "judge"])
+def test_copies_and_pickles_are_independent_stoppers_in_the_same_state(
+    cfg: BeaconConfig,
+) -> None:
+    import copy
+    import pickle
+
+    rewards = [0.0, 0.3, 0.2, 0.4, 0.1, 0.0, 0.3, 0.2]
+    if cfg.family == "bernoulli":
+        rewards = [0.0] * 8
+    s = Stopper(cfg)
+    d = s.next_decision()
+    s.observe(rewards[: d.count])
+    s.next_decision()  # a draw pending, one decision not yet turned into a trace record
+    for clone in (copy.copy(s), copy.deepcopy(s), pickle.loads(pickle.dumps(s))):
+        before = (s.k, s.pending, repr(s.trace))
+        end = _drive(clone, rewards[s.k :])
+        assert (s.k, s.pending, repr(s.trace)) == before  # the original did not move
+        ref = copy.deepcopy(s)
+        assert _drive(ref, rewards[s.k :]) == end
+        assert repr(ref.trace) == repr(clone.trace) and repr(ref.state) == repr(clone.state)
+        assert (ref.best_index, ref.best_reward) == (clone.best_index, clone.best_reward)

@@ -122,7 +122,8 @@ def _replay_bernoulli(
     h_b: np.ndarray,
     cost: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Beta learning + reservation-cost policy; ``h_b[k]`` = h^B_{n,k}(a0, b0 + k)."""
+    """Beta learning + reservation-cost policy; ``h_b[k]`` = h^B_{n,k}(a0, b_k), b_k = b0 plus k
+    failures added one at a time (the Stopper's sum; b0 + k can differ in the last bit)."""
     n_rows, n_cols = x.shape
     used = np.zeros(n_rows, dtype=np.int64)
     chosen = np.full(n_rows, -1, dtype=np.int64)

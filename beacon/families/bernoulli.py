@@ -22,7 +22,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from beacon._checks import is_integer
+from beacon._checks import is_integer, is_real, real_as_float
 from beacon.errors import ConfigError, RewardError
 from beacon.families import register_family
 from beacon.families.base import BoundFamily, Decision, DecisionTuple, RewardFamily
@@ -99,12 +99,14 @@ def reservation_cost(n: int, k: int, a: float, b: float) -> float:
     n, k = int(n), int(k)
     if not 0 <= k < n:
         raise ConfigError("k", k, f"must satisfy 0 <= k < n = {n}")
-    a_f, b_f = float(a), float(b)
-    if not (math.isfinite(a_f) and a_f > 0):
-        raise ConfigError("a", a, "must be finite and > 0")
-    if not (math.isfinite(b_f) and b_f > 0):
-        raise ConfigError("b", b, "must be finite and > 0")
-    return _reservation(n - k, a_f, b_f)
+    ab: list[float] = []
+    for name, val in (("a", a), ("b", b)):
+        # text, booleans, None and containers are mistakes, not numbers to convert
+        v_f = real_as_float(val) if is_real(val) else math.nan
+        if not is_real(val) or not (math.isfinite(v_f) and v_f > 0):
+            raise ConfigError(name, val, "must be a finite real number > 0")
+        ab.append(v_f)
+    return _reservation(n - k, ab[0], ab[1])
 
 
 @register_family("bernoulli")

@@ -14,13 +14,15 @@ refined in docs/h_index.md:
 from __future__ import annotations
 
 import math
+import zipfile
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
 
-from beacon._checks import is_real
+from beacon._checks import is_real, real_as_float
 from beacon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -56,7 +58,7 @@ def _as_real_array(z: Any) -> FloatArray:
         return za.astype(np.float64)
     if za.ndim == 0:
         if is_real(z):  # a Python int beyond int64, a Fraction: numpy keeps them as objects
-            return np.asarray(float(z))
+            return np.asarray(real_as_float(z))  # an int beyond the float range is +-inf
         raise ConfigError("z", z, "the standardized best reward must be a real number")
     raise ConfigError(
         "z",
@@ -211,29 +213,47 @@ class HTable:
 
     @classmethod
     def from_npz(cls, path: str | Path) -> HTable:
-        """Read a table written by :meth:`to_npz`; raises ``ValueError`` on a bad file."""
+        """Read a table written by :meth:`to_npz`; raises ``ValueError`` (a
+        :class:`beacon.ConfigError`) on a bad file: not an ``.npz``, truncated, damaged, a member
+        missing or of the wrong type (``OSError`` when the file cannot be opened)."""
         from beacon.index.build import FORMAT_VERSION, Recipe
 
-        with np.load(path, allow_pickle=False) as f:
-            version = int(f["format_version"])
-            if version != FORMAT_VERSION:
-                raise ConfigError(
-                    "format_version", version, f"table file {path} needs version {FORMAT_VERSION}"
+        try:
+            # opened here: numpy leaves its own handle open when the archive is damaged
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
+                version = int(f["format_version"])
+                if version != FORMAT_VERSION:
+                    raise ConfigError(
+                        "format_version",
+                        version,
+                        f"table file {path} needs version {FORMAT_VERSION}",
+                    )
+                return cls(
+                    n=int(f["n"]),
+                    alpha0=float(f["alpha0"]),
+                    nu0=float(f["nu0"]),
+                    k_min=int(f["k_min"]),
+                    x_lo=float(f["x_lo"]),
+                    dx=float(f["dx"]),
+                    scale=float(f["scale"]),
+                    z=np.array(f["z"], dtype=np.float64),
+                    logh=np.array(f["logh"], dtype=np.float64),
+                    m2=np.array(f["m2"], dtype=np.float64),
+                    dof=np.array(f["dof"], dtype=np.float64),
+                    recipe=Recipe.from_array(f["recipe"]),
                 )
-            return cls(
-                n=int(f["n"]),
-                alpha0=float(f["alpha0"]),
-                nu0=float(f["nu0"]),
-                k_min=int(f["k_min"]),
-                x_lo=float(f["x_lo"]),
-                dx=float(f["dx"]),
-                scale=float(f["scale"]),
-                z=np.array(f["z"], dtype=np.float64),
-                logh=np.array(f["logh"], dtype=np.float64),
-                m2=np.array(f["m2"], dtype=np.float64),
-                dof=np.array(f["dof"], dtype=np.float64),
-                recipe=Recipe.from_array(f["recipe"]),
-            )
+        except ConfigError:
+            raise
+        except (
+            zipfile.BadZipFile,  # truncated: numpy saw the zip magic but no archive
+            EOFError,
+            zlib.error,
+            KeyError,
+            IndexError,
+            TypeError,  # a bare .npy array (no context manager), a member of the wrong shape
+            ValueError,
+        ) as exc:
+            raise ConfigError("table", str(path), f"not a readable table file ({exc!r})") from exc
 
     def __repr__(self) -> str:
         return (
