@@ -8,11 +8,12 @@ sampling ends with ``stop_reason="budget"`` and samples still in flight are canc
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from beacon._checks import is_integer, is_real
-from beacon.errors import ConfigError
+from beacon.errors import ConfigError, ConfigTypeError
 
 __all__ = ["Budget", "cost_from_price"]
 
@@ -89,6 +90,15 @@ class Budget:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Budget:
+        """Inverse of :meth:`to_dict`; a non-mapping or an unknown key is a ConfigError."""
+        if not isinstance(data, Mapping):
+            raise ConfigTypeError("budget", data, "must be a mapping (a dict)")
+        for key in data:
+            if key not in cls.__dataclass_fields__:
+                raise ConfigError(
+                    f"budget.{key}", data[key],
+                    f"unknown field; known: {', '.join(cls.__dataclass_fields__)}",
+                )
         return cls(**data)
 
 

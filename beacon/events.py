@@ -3,7 +3,8 @@
 An observer is any callable taking one event, sync or async (``def obs(ev)`` or
 ``async def obs(ev)``). The engine calls observers in order, awaiting async ones inline (so a slow
 observer slows its query: that is back-pressure, not a bug). An exception raised by an observer
-ends that query with ``stop_reason="error"`` (the result keeps what it had).
+ends that query with ``stop_reason="error"`` (the result keeps what it had); raised on the
+final stop decision, it is reported in ``result.error`` and the Stopper's stop reason is kept.
 
 Two events exist:
 

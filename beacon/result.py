@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from beacon._checks import is_integer, is_real, real_as_float
+from beacon.errors import ConfigError, ConfigTypeError
 from beacon.stopper import STOP_REASONS, TraceRecord
 
 __all__ = ["BeaconResult", "Candidate", "Usage"]
@@ -20,6 +23,47 @@ __all__ = ["BeaconResult", "Candidate", "Usage"]
 
 def _json_float(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
+
+
+# -- reading a dict back (from_dict): every field checked, a ConfigError naming it -------------
+def _mapping(name: str, v: Any) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise ConfigTypeError(name, v, "must be a JSON object (a dict)")
+    return v
+
+
+def _count_field(name: str, v: Any, *, optional: bool = False) -> int | None:
+    if v is None and optional:
+        return None
+    if not is_integer(v) or v < 0:
+        raise ConfigError(name, v, "must be an integer >= 0" + (" or null" if optional else ""))
+    return int(v)
+
+
+def _float_field(name: str, v: Any, *, optional: bool = False, nonneg: bool = False
+                 ) -> float | None:
+    if v is None and optional:
+        return None
+    if not is_real(v) or not math.isfinite(real_as_float(v)) or (nonneg and v < 0):
+        kind = "a finite number" + (" >= 0" if nonneg else "")
+        raise ConfigError(name, v, f"must be {kind}" + (" or null" if optional else ""))
+    return real_as_float(v)
+
+
+def _str_field(name: str, v: Any, *, optional: bool = False) -> str | None:
+    if v is None and optional:
+        return None
+    if not isinstance(v, str):
+        raise ConfigTypeError(name, v, "must be a string" + (" or null" if optional else ""))
+    return v
+
+
+def _list_field(name: str, v: Any) -> list[Any]:
+    if v is None:
+        return []
+    if not isinstance(v, list | tuple):
+        raise ConfigTypeError(name, v, "must be a JSON array (a list)")
+    return list(v)
 
 
 def _is_jsonable(obj: Any) -> bool:
@@ -103,8 +147,24 @@ class Usage:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Usage:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+    def from_dict(cls, data: dict[str, Any], *, field: str = "usage") -> Usage:
+        """Inverse of :meth:`to_dict` (``calls``, derived, is ignored); a missing counter is 0.
+
+        A value of the wrong kind (a negative or fractional count, a NaN cost...) is a
+        :class:`beacon.ConfigError` naming it (``field`` prefixes the names).
+        """
+        d = _mapping(field, data)
+        u = cls()
+        for name in ("model_calls", "score_calls", "failed_calls", "retries", "cancelled"):
+            if name in d:
+                setattr(u, name, _count_field(f"{field}.{name}", d[name]))
+        for name in ("input_tokens", "output_tokens"):
+            setattr(u, name, _count_field(f"{field}.{name}", d.get(name), optional=True))
+        u.cost = _float_field(f"{field}.cost", d.get("cost"), optional=True, nonneg=True)
+        u.wall_seconds = _float_field(
+            f"{field}.wall_seconds", d.get("wall_seconds", 0.0), nonneg=True
+        ) or 0.0
+        return u
 
 
 @dataclass(slots=True)
@@ -147,15 +207,23 @@ class Candidate:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Candidate:
-        reward = data.get("reward")
+    def from_dict(cls, data: dict[str, Any], *, field: str = "candidate") -> Candidate:
+        """Inverse of :meth:`to_dict`; a missing or invalid field is a
+        :class:`beacon.ConfigError` naming it (``field`` prefixes the names)."""
+        d = _mapping(field, data)
+        if "index" not in d:
+            raise ConfigError(f"{field}.index", None, "is required")
+        failed = d.get("failed", False)
+        if not isinstance(failed, bool):
+            raise ConfigTypeError(f"{field}.failed", failed, "must be true or false")
+        usage = d.get("usage")
         return cls(
-            index=int(data["index"]),
-            text=str(data.get("text", "")),
-            reward=None if reward is None else float(reward),
-            failed=bool(data.get("failed", False)),
-            error=data.get("error"),
-            usage=Usage.from_dict(data.get("usage") or {}),
+            index=_count_field(f"{field}.index", d["index"]) or 0,
+            text=_str_field(f"{field}.text", d.get("text", "")) or "",
+            reward=_float_field(f"{field}.reward", d.get("reward"), optional=True),
+            failed=failed,
+            error=_str_field(f"{field}.error", d.get("error"), optional=True),
+            usage=Usage() if usage is None else Usage.from_dict(usage, field=f"{field}.usage"),
         )
 
 
@@ -173,7 +241,10 @@ class BeaconResult:
             dicts by :meth:`to_dict`).
         usage: calls, failures, tokens, cost and wall time of the whole query.
         error: for ``stop_reason == "error"``: what ended the query (the last failure, or an
-            unexpected exception), as ``"ExceptionType: message"``; else ``None``.
+            unexpected exception), as ``"ExceptionType: message"``. Also set, with the
+            Stopper's own ``stop_reason`` kept, when an observer raised on the final stop
+            decision (the query was complete; the observer's error is still reported).
+            Otherwise ``None``.
         metadata: the caller's metadata, passed through unchanged (keep it JSON-able).
         config: the :class:`~beacon.config.BeaconConfig` used, as ``to_dict()``.
     """
@@ -270,21 +341,41 @@ class BeaconResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BeaconResult:
-        from beacon.errors import ConfigError
+        """Inverse of :meth:`to_dict` (the derived ``best_*`` keys are ignored).
 
-        if not isinstance(data, dict):
-            raise ConfigError("result", data, "must be a JSON object")
+        Malformed data (a missing candidate index, a reward that is a string or NaN, a trace
+        record missing fields...) is a :class:`beacon.ConfigError` naming the field by its
+        path, e.g. ``candidates[2].reward``; never a ``KeyError`` or a silent coercion.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigTypeError("result", data, "must be a JSON object")
         reason = data.get("stop_reason")
         if reason not in STOP_REASONS:
             raise ConfigError("stop_reason", reason, f"must be one of {STOP_REASONS}")
+        candidates = [
+            Candidate.from_dict(c, field=f"candidates[{i}]")
+            for i, c in enumerate(_list_field("candidates", data.get("candidates")))
+        ]
+        trace = []
+        for i, t in enumerate(_list_field("trace", data.get("trace"))):
+            name = f"trace[{i}]"
+            try:
+                trace.append(TraceRecord.from_dict(dict(_mapping(name, t))))
+            except ConfigError:
+                raise
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(name, t, f"is not a trace record ({exc})") from exc
+        usage = data.get("usage")
+        metadata = data.get("metadata")
+        config = data.get("config")
         return cls(
             prompt=data.get("prompt"),
-            candidates=[Candidate.from_dict(c) for c in data.get("candidates") or []],
-            n_samples=int(data.get("n_samples", 0)),
+            candidates=candidates,
+            n_samples=_count_field("n_samples", data.get("n_samples", 0)) or 0,
             stop_reason=str(reason),
-            trace=[TraceRecord.from_dict(t) for t in data.get("trace") or []],
-            usage=Usage.from_dict(data.get("usage") or {}),
-            error=data.get("error"),
-            metadata=dict(data.get("metadata") or {}),
-            config=data.get("config"),
+            trace=trace,
+            usage=Usage() if usage is None else Usage.from_dict(usage),
+            error=_str_field("error", data.get("error"), optional=True),
+            metadata={} if metadata is None else dict(_mapping("metadata", metadata)),
+            config=None if config is None else dict(_mapping("config", config)),
         )

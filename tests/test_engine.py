@@ -244,6 +244,71 @@ async def test_before_model_call_precedes_every_model_attempt_and_no_scorer_call
     assert isinstance(ei.value, TypeError)
 
 
+def test_a_sync_before_model_call_hook_runs_before_every_model_call() -> None:
+    """A plain function as the hook (a counter, a non-blocking token check) is called, not
+    awaited: every model call is preceded by one hook call and no sample fails."""
+    hooks: list[int] = []
+    model = FakeModel(p=0.3, seed=5)
+
+    def hook() -> None:
+        hooks.append(model.calls)
+
+    s = BeaconSampler(model, bin_score, bern(horizon=6), before_model_call=hook)
+    res = s.run("q")
+    assert res.error is None and res.usage.failed_calls == 0
+    assert len(hooks) == model.calls == res.usage.model_calls > 0
+    assert hooks == list(range(model.calls))  # each hook call came before its model call
+
+
+class FlakyLimiter:
+    """Rate limiter whose entries numbered in ``fail`` fail (a backend hiccup), before the call."""
+
+    def __init__(self, fail: set[int]) -> None:
+        self.entered = 0
+        self.fail = fail
+
+    async def __aenter__(self) -> None:
+        self.entered += 1
+        if self.entered in self.fail:
+            raise TransientError("limiter backend unavailable")
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def test_a_hook_or_limiter_error_before_the_call_is_no_failed_call_and_no_retry() -> None:
+    # Errors of before_model_call / the rate limiter were counted as failed calls, and the
+    # attempt after them as a retry: usage said 3 of 3 model calls failed and were retried
+    # when the model never failed at all.
+    hooks = 0
+
+    async def hook() -> None:
+        nonlocal hooks
+        hooks += 1
+        if hooks % 2:
+            raise TransientError("token bucket unavailable")
+
+    model = FakeModel(p=0.0)
+    s = BeaconSampler(model, bin_score, bern(horizon=3), before_model_call=hook,
+                      retry=FAST_RETRY)
+    res = await s.arun("q")
+    assert res.stop_reason == "horizon" and res.n_samples == 3 and hooks == 6
+    assert res.usage.model_calls == model.calls == 3
+    assert res.usage.failed_calls == 0 and res.usage.retries == 0
+
+    # entries: 1 limiter fails, 2 model call fails, 3 its retry, 4 scorer, 5 limiter fails...
+    lim = FlakyLimiter({1, 5})
+    model = FakeModel(p=0.0, fail=lambda n, p: ConnectionError("reset") if n == 1 else None)
+    s = BeaconSampler(model, bin_score, bern(horizon=3), rate_limiter=lim, retry=FAST_RETRY)
+    res = await s.arun("q")
+    assert res.stop_reason == "horizon" and res.n_samples == 3
+    assert res.usage.model_calls == model.calls == 4
+    # the one model call that failed is the one failed call, and its next attempt the retry
+    assert res.usage.failed_calls == 1 and res.usage.retries == 1
+    assert [c.usage.failed_calls for c in res.candidates] == [1, 0, 0]
+    assert lim.entered == res.usage.calls + 2
+
+
 def test_one_aiolimiter_serves_successive_sync_runs_without_warning() -> None:
     import warnings
 
@@ -625,6 +690,18 @@ def test_budget_validation_names_field() -> None:
         Budget(max_seconds=-1.0)
 
 
+def test_budget_from_dict_round_trips_and_names_a_bad_field() -> None:
+    b = Budget(max_tokens=100, max_cost=2.5, price_per_output_token=0.01)
+    assert Budget.from_dict(json.loads(json.dumps(b.to_dict()))) == b
+    # an unknown key (a typo) or a non-mapping was a bare TypeError from the dataclass
+    with pytest.raises(beacon.ConfigError, match="max_token") as ei:
+        Budget.from_dict({"max_token": 100})
+    assert ei.value.field == "budget.max_token" and ei.value.value == 100
+    with pytest.raises(beacon.ConfigError, match="budget") as ei2:
+        Budget.from_dict([("max_tokens", 1)])  # type: ignore[arg-type]
+    assert isinstance(ei2.value, TypeError)
+
+
 def test_cost_from_price_formula_and_units() -> None:
     # paper example: $0.01 per sample, one reward unit worth $0.10 -> c = 0.1
     assert cost_from_price(1e-5, 1000, 0.10) == pytest.approx(0.1)
@@ -967,6 +1044,11 @@ def test_sampler_argument_validation() -> None:
     ({"rate_limiter": object()}, "rate_limiter"),
     ({"before_model_call": 1.5}, "before_model_call"),
     ({"observers": print}, "observers"),
+    # a truthy string silently ran every sync call in a thread
+    ({"offload_sync": "no"}, "offload_sync"),
+    ({"offload_sync": None}, "offload_sync"),
+    # a bare TypeError from the random module, not naming the argument
+    ({"seed": [1]}, "seed"),
 ])
 def test_a_wrong_type_is_a_type_error_as_in_the_stopper_and_a_config_error(
     kwargs: dict[str, Any], field: str
@@ -1086,6 +1168,85 @@ async def test_breaking_out_of_astream_many_cancels_the_rest() -> None:
     assert len(got) == 1 and model.in_flight == 0
 
 
+async def _settle_loop(rounds: int = 2000) -> None:
+    """Let every task that can make progress do so (zero-latency fakes: no clock involved)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def test_astream_many_holds_back_new_queries_while_the_consumer_lags() -> None:
+    # The result queue was unbounded: with a consumer that had taken one result, all 200
+    # prompts were started and their results piled up in memory.
+    pulled: list[int] = []
+
+    def prompts() -> Any:
+        for i in range(200):
+            pulled.append(i)
+            yield f"q{i}"
+
+    s = BeaconSampler(FakeModel(p=0.0), bin_score, bern(horizon=3), max_concurrency=8)
+    stream = s.astream_many(prompts(), max_active=2)
+    got = [await stream.__anext__()]
+    await _settle_loop()
+    # max_active results queued + one held by each blocked worker, plus the one yielded
+    assert len(pulled) <= 2 * 2 + 1
+    n_idle = len(pulled)
+    got.append(await stream.__anext__())
+    await _settle_loop()
+    assert len(pulled) == n_idle + 1  # consuming one result lets exactly one more query start
+    got += [item async for item in stream]
+    # nothing lost, nothing duplicated, every result complete
+    assert sorted(i for i, _ in got) == list(range(200))
+    assert all(r.prompt == f"q{i}" and r.n_samples == 3 for i, r in got)
+
+
+async def test_astream_many_closed_early_while_workers_wait_leaves_no_task() -> None:
+    model = FakeModel(p=0.0)
+    s = BeaconSampler(model, bin_score, bern(horizon=3), max_concurrency=8)
+    before = asyncio.all_tasks()
+    stream = s.astream_many([f"q{i}" for i in range(100)], max_active=3)
+    await stream.__anext__()
+    await _settle_loop()  # the queue is full and workers wait on it with finished results
+    await stream.aclose()
+    assert asyncio.all_tasks() == before
+    assert model.in_flight == 0
+    # and a query in flight when the consumer leaves is cancelled, not left running
+    slow = FakeModel(p=0.0, latency=30.0)
+    s2 = BeaconSampler(slow, bin_score, bern(horizon=3), max_concurrency=8)
+    stream2 = s2.astream_many([f"q{i}" for i in range(10)], max_active=3)
+    waiter = asyncio.ensure_future(stream2.__anext__())
+    await _settle_loop(50)
+    assert slow.in_flight == 3
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await stream2.aclose()
+    assert asyncio.all_tasks() == before and slow.in_flight == 0
+
+
+def test_astream_many_abandoned_by_break_leaves_no_pending_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Breaking out without aclosing(): the generator is finalized by the loop's asyncgen hooks.
+    model = FakeModel(p=0.0)
+    s = BeaconSampler(model, bin_score, bern(horizon=3), max_concurrency=8)
+
+    async def main() -> set[asyncio.Task[Any]]:
+        async for _ in s.astream_many([f"q{i}" for i in range(100)], max_active=3):
+            await _settle_loop()
+            break
+        await _settle_loop(50)
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        left = asyncio.run(main())
+        import gc
+
+        gc.collect()
+    assert left == set() and model.in_flight == 0
+    assert "destroyed but it is pending" not in caplog.text
+
+
 async def test_arun_many_events_carry_query_ids() -> None:
     seen: dict[int | None, int] = {}
 
@@ -1144,7 +1305,9 @@ async def test_sync_scorer_returning_awaitable_still_gets_the_timeout() -> None:
     cfg = bern(max_failures=0)
     s = BeaconSampler(FakeModel(p=1.0), score, cfg, timeout=0.05, retry=RetryPolicy.none())
     res = await s.arun("q")
-    assert res.stop_reason == "error" and (res.error or "").startswith("TimeoutError")
+    assert res.stop_reason == "error"
+    # says which call and how long, as the engine's own per-call timeout does
+    assert res.error == "TimeoutError: scorer call timed out after 0.05 s"
 
 
 # -- bad input: typed errors up front, bad values from models and scorers fail one sample --------

@@ -84,3 +84,60 @@ def test_from_dict_validates_stop_reason() -> None:
         BeaconResult.from_dict(d)
     with pytest.raises(beacon.ConfigError, match="result"):
         BeaconResult.from_dict([])  # type: ignore[arg-type]
+
+
+def _good() -> dict[str, object]:
+    res = make([0.5, None, 2.0])
+    res.trace = [TraceRecord(3, 2.0, 1.0, 0.5, 2.0, 0.01, 0.2, "stop", 0, "index")]
+    return json.loads(json.dumps(res.to_dict()))
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("candidates", 0, "index"), None, "candidates[0].index"),
+        (("candidates", 1, "index"), 1.5, "candidates[1].index"),
+        (("candidates", 0, "reward"), "0.5", "candidates[0].reward"),
+        (("candidates", 0, "reward"), math.nan, "candidates[0].reward"),
+        (("candidates", 2, "failed"), "false", "candidates[2].failed"),
+        (("candidates", 0, "text"), None, "candidates[0].text"),
+        (("candidates", 0, "usage", "model_calls"), -1, "candidates[0].usage.model_calls"),
+        (("candidates", 1), 7, "candidates[1]"),
+        (("candidates",), "abc", "candidates"),
+        (("usage", "cost"), math.inf, "usage.cost"),
+        (("usage", "input_tokens"), "10", "usage.input_tokens"),
+        (("usage",), [1, 2], "usage"),
+        (("n_samples",), "3", "n_samples"),
+        (("trace", 0, "z"), None, None),  # z=None is valid: -inf before any reward
+        (("trace", 0), {"k": 1}, "trace[0]"),
+        (("metadata",), [("a", 1)], "metadata"),
+        (("error",), 3, "error"),
+    ],
+)
+def test_from_dict_names_the_malformed_field(
+    path: tuple[object, ...], value: object, field: str | None
+) -> None:
+    # Malformed data raised KeyError / AttributeError / TypeError from deep inside, or was
+    # silently coerced ("false" -> True, None -> "None", 1.5 -> 1, a NaN reward kept).
+    d = _good()
+    target: object = d
+    for key in path[:-1]:
+        target = target[key]  # type: ignore[index]
+    if value is None and path[-1] == "index":
+        del target[path[-1]]  # type: ignore[attr-defined]
+    else:
+        target[path[-1]] = value  # type: ignore[index]
+    if field is None:
+        assert BeaconResult.from_dict(d).trace[0].z == -math.inf
+        return
+    with pytest.raises(beacon.ConfigError) as ei:
+        BeaconResult.from_dict(d)
+    assert ei.value.field == field
+
+
+def test_candidate_and_usage_from_dict_check_their_own_fields() -> None:
+    with pytest.raises(beacon.ConfigError, match=r"candidate\.index"):
+        Candidate.from_dict({"text": "x"})
+    with pytest.raises(beacon.ConfigError, match=r"usage\.wall_seconds"):
+        Usage.from_dict({"wall_seconds": -1.0})
+    assert Usage.from_dict({"calls": 9, "model_calls": 4}).calls == 4  # calls is derived

@@ -12,6 +12,7 @@ to the running loop, so that one limiter serves successive ``run()`` calls (one 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -41,7 +42,7 @@ class CallGuard:
     timeout: float | None
     retry: RetryPolicy
     rng: random.Random
-    acquire: Callable[[], Awaitable[Any]] | None = None
+    acquire: Callable[[], Any] | None = None  # sync, or returning an awaitable
 
 
 class CallCancelledError(RuntimeError):
@@ -71,12 +72,19 @@ async def guarded_call(
     Cancellation of the calling task always propagates at once.
     """
     attempt = 0
+    failed_before = False  # an earlier attempt of this call reached the model/scorer and failed
     while True:
         attempt += 1
+        started = [False]
         try:
-            return await _attempt(guard, fn, args, usage, model, attempt > 1)
+            return await _attempt(guard, fn, args, usage, model, failed_before, started)
         except Exception as exc:
-            usage.failed_calls += 1
+            # Only a call that started is a failed call (and makes the next one a retry): an
+            # error of the acquire hook or the rate limiter, before the call, is retried the
+            # same way but was no call.
+            if started[0]:
+                usage.failed_calls += 1
+                failed_before = True
             if not guard.retry.should_retry(exc, attempt):
                 raise
             delay = guard.retry.delay(attempt, guard.rng)
@@ -87,7 +95,8 @@ async def guarded_call(
         await asyncio.sleep(delay)
 
 
-def _count(usage: Usage, model: bool, retry: bool) -> None:
+def _count(usage: Usage, model: bool, retry: bool, started: list[bool]) -> None:
+    started[0] = True
     if model:
         usage.model_calls += 1
     else:
@@ -103,18 +112,21 @@ async def _attempt(
     usage: Usage,
     model: bool,
     retry: bool,
+    started: list[bool],
 ) -> T:
     if guard.acquire is not None:
-        await guard.acquire()
+        gate = guard.acquire()
+        if inspect.isawaitable(gate):  # a sync hook has done its work by now
+            await gate
     sem = guard.semaphore
     if sem is not None:
         await sem.acquire()
     try:
         if guard.rate_limiter is None:
-            _count(usage, model, retry)
+            _count(usage, model, retry, started)
             return await _timed(guard.timeout, fn, args, model)
         async with guard.rate_limiter:
-            _count(usage, model, retry)
+            _count(usage, model, retry, started)
             return await _timed(guard.timeout, fn, args, model)
     finally:
         if sem is not None:

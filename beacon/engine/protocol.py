@@ -24,7 +24,6 @@ that is also a ``TypeError``, as the Stopper raises for a wrong ``cfg``.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import numbers
@@ -36,6 +35,7 @@ import numpy as np
 
 from beacon._checks import is_integer, is_real, real_as_float
 from beacon._sync import call_in_thread
+from beacon.engine.calls import within
 from beacon.errors import ConfigError, ConfigTypeError, RewardError
 
 __all__ = [
@@ -322,8 +322,7 @@ def make_score(
         else:
             out = score(prompt, arg)
         if _awaitable(out):
-            async with asyncio.timeout(late_timeout):
-                out = await out
+            out = await within(late_timeout, out, "scorer")
         return out
 
     if batched:
@@ -339,7 +338,6 @@ def make_score(
     async def single_fn(prompt: Any, texts: list[str]) -> list[float]:
         out = score(prompt, texts[0])
         if _awaitable(out):
-            async with asyncio.timeout(late_timeout):
-                out = await out
+            out = await within(late_timeout, out, "scorer")
         return [out]
     return single_fn, False

@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import random
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence, Sized
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
-from beacon._checks import is_real, positive_int
+from beacon._checks import boolean, is_integer, is_real, positive_int
 from beacon._sync import run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
@@ -111,7 +111,8 @@ class BeaconSampler:
         max_score_concurrency: scorer calls in flight at once; ``None``: same as
             ``max_concurrency`` (a separate pool, so scoring never waits behind generation).
         rate_limiter: async context manager entered around every model and scorer call.
-        before_model_call: async callable (no arguments) awaited before every model call
+        before_model_call: callable (no arguments; its result awaited when awaitable; a sync
+            one runs on the event loop, so it must not block) called before every model call
             attempt takes its concurrency slot, retries included, never before scorer calls:
             a model-only rate limiter's ``acquire`` (LangChain's ``BaseRateLimiter.aacquire``,
             aiolimiter's ``AsyncLimiter.acquire``). The wait holds no slot, does not count
@@ -149,7 +150,7 @@ class BeaconSampler:
         max_concurrency: int = 64,
         max_score_concurrency: int | None = None,
         rate_limiter: AbstractAsyncContextManager[Any] | None = None,
-        before_model_call: Callable[[], Awaitable[Any]] | None = None,
+        before_model_call: Callable[[], Any] | None = None,
         retry: RetryPolicy = _DEFAULT_RETRY,
         timeout: float | None = 60.0,
         budget: Budget | None = None,
@@ -174,8 +175,12 @@ class BeaconSampler:
         if before_model_call is not None and not callable(before_model_call):
             raise ConfigTypeError(
                 "before_model_call", before_model_call,
-                "must be an async callable taking no arguments, or None",
+                "must be a callable taking no arguments (sync or async), or None",
             )
+        # A truthy string ("no", "false") would silently run every call in a thread.
+        offload_sync = boolean("offload_sync", offload_sync, ConfigTypeError)
+        if seed is not None and not is_integer(seed):
+            raise ConfigTypeError("seed", seed, "must be an integer or None")
         self._cfg = cfg
         self._generate_obj = generate
         self._score_obj = score
@@ -202,7 +207,7 @@ class BeaconSampler:
         self.timeout = _timeout("timeout", timeout)
         self.budget = budget
         self.observers: tuple[Observer, ...] = _observers("observers", observers)
-        self._rng = random.Random(seed)
+        self._rng = random.Random(None if seed is None else int(seed))
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EngineContext] = (
             weakref.WeakKeyDictionary()
         )
@@ -300,7 +305,10 @@ class BeaconSampler:
 
         Prompts are consumed lazily (at most ``max_active`` queries exist as tasks at once),
         unless ``metadata`` has one entry per prompt: then an iterator of prompts is read first,
-        so that the two counts are checked before any call.
+        so that the two counts are checked before any call. Backpressure: at most
+        ``max_active`` finished results wait for the consumer; while they wait, each query that
+        finishes holds its worker, so no more than ``2 * max_active`` prompts are ever started
+        and not yet yielded, however slowly the results are consumed.
         Event ``query_id`` is the prompt's position. Closing the generator early cancels the
         queries still running; to close it deterministically when breaking out of the loop,
         wrap it in ``contextlib.aclosing(...)`` (otherwise it is closed when collected).
@@ -322,7 +330,11 @@ class BeaconSampler:
             meta_list = _metadata_list(metadata, len(prompts))
         obs = _observers("observers", observers) if observers is not None else None
         it = iter(enumerate(prompts))
-        queue: asyncio.Queue[tuple[int, BeaconResult] | None] = asyncio.Queue()
+        # Bounded: a worker whose result finds the queue full waits there before it takes its
+        # next prompt, so a slow consumer holds back new queries (at most ``active`` results
+        # queued plus one per worker, i.e. ``2 * active`` finished or running queries not yet
+        # consumed) instead of letting finished results pile up without limit.
+        queue: asyncio.Queue[tuple[int, BeaconResult] | None] = asyncio.Queue(maxsize=active)
 
         # Workers are started one at a time, each when the previous one takes a prompt, up to
         # ``active``: never more tasks than prompts in progress (a huge max_concurrency, whose
@@ -353,7 +365,11 @@ class BeaconSampler:
                     n = len(workers)
                     await asyncio.gather(*workers)
             finally:
-                await queue.put(None)
+                # Not when the closer is being cancelled: that is the consumer leaving, and a
+                # put into a full queue that nobody reads any more would never return.
+                task = asyncio.current_task()
+                if task is None or not task.cancelling():
+                    await queue.put(None)
 
         close_task = asyncio.ensure_future(closer())
         try:
