@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from beacon._checks import real_as_float
+from beacon._checks import is_real, real_as_float
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError, RewardError
 from beacon.priors import Prior
@@ -243,7 +243,10 @@ class LoggedRewards:
         self, rows: Sequence[int] | NDArray[np.integer[Any]] | NDArray[np.bool_]
     ) -> LoggedRewards:
         """The prompts selected by ``rows`` (indices or a boolean mask), e.g. a train/test split."""
-        idx = np.arange(self.n_prompts)[np.asarray(rows)]
+        sel = np.asarray(rows)
+        if sel.size == 0:
+            sel = sel.astype(np.int64)  # [] is a float array, not an index: 0 prompts below
+        idx = np.arange(self.n_prompts)[sel]
         return LoggedRewards(
             ids=tuple(self.ids[int(i)] for i in idx),
             rewards=self.rewards[idx],
@@ -307,6 +310,19 @@ class LoggedRewards:
             )
         assert self.correct is not None
         rows = [row[~np.isnan(row)] for row in self.correct]
+        unlabelled = [i for i, row in enumerate(rows) if row.size == 0]
+        if unlabelled:
+            # LoggedRewards would say the prompt "has no logged reward": it has rewards, no labels
+            i = unlabelled[0]
+            raise LogFormatError(
+                self.source,
+                None,
+                "correct",
+                f"prompt {self.ids[i]!r}",
+                f"has rewards but no 'correct' label ({len(unlabelled)} of {self.n_prompts} "
+                "prompts have none); the bernoulli family replays the labels: leave such "
+                "prompts out (beacon's --min-samples 1), or label them",
+            )
         return LoggedRewards(self.ids, _pad(rows), _pad(rows), self.source)
 
     @cached_property
@@ -326,6 +342,8 @@ def _pad(rows: Sequence[FloatArray]) -> FloatArray:
 def _parse_number_list(
     obj: Any, name: str, path: str | None, line: int | None, labels: bool
 ) -> list[float]:
+    if isinstance(obj, tuple) or (isinstance(obj, np.ndarray) and obj.ndim == 1):
+        obj = list(obj)  # records built in Python (logged_from_records), not parsed from JSON
     if not isinstance(obj, list):
         kind = "true/false/null" if labels else "numbers or null"
         raise LogFormatError(path, line, name, obj, f"must be a JSON list of {kind}")
@@ -333,9 +351,9 @@ def _parse_number_list(
     for j, v in enumerate(obj):
         if v is None:
             out.append(math.nan)
-        elif labels and (isinstance(v, bool) or v in (0, 1)):
+        elif labels and (isinstance(v, bool | np.bool_) or (is_real(v) and v in (0, 1))):
             out.append(1.0 if v else 0.0)
-        elif not labels and isinstance(v, int | float) and not isinstance(v, bool):
+        elif not labels and is_real(v):  # numpy scalars count as numbers, booleans do not
             fv = real_as_float(v)
             if math.isinf(fv):
                 raise LogFormatError(path, line, f"{name}[{j}]", v, "rewards must be finite")
@@ -671,6 +689,8 @@ def standardize(rewards: FloatArray) -> FloatArray:
     do not change when every reward is multiplied by a constant. NaN stays NaN.
     """
     r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 2:
+        raise ConfigError("rewards", f"shape {r.shape}", "must be 2-D (prompts x samples)")
     with np.errstate(invalid="ignore"):
         scale = np.nanmax(np.abs(r), axis=1, keepdims=True)
         # Each row in units of its largest |r| first: the squares of 1e-200 or 1e200 rewards
@@ -866,6 +886,8 @@ def interpolate_fixed(
     best-of-(N+1) on a fraction of the prompts: the fair "matched average samples" baseline.
     Outside [1, horizon] the end value is returned.
     """
+    if not fixed:
+        raise ConfigError("fixed", 0, "no best-of-N metrics to interpolate")
     xs = np.array([float(m.avg_samples) for m in fixed])
     ys = np.array([quality_of(m, quality) for m in fixed])
     return float(np.interp(avg_samples, xs, ys))
@@ -941,21 +963,32 @@ class Evaluation:
         }
 
 
-def cap_horizon(data: LoggedRewards, cfg: BeaconConfig) -> tuple[BeaconConfig, int | None]:
+def cap_horizon(
+    data: LoggedRewards, cfg: BeaconConfig, crossfit: CrossFit | None = None
+) -> tuple[BeaconConfig, int | None]:
     """``cfg`` with its horizon capped at ``data.min_samples``, and the requested one if capped.
 
-    Raises :class:`beacon.ConfigError` if the log is too short for the prior's ``k0``.
+    Raises :class:`beacon.ConfigError` if the log is too short for the prior's ``k0``. With
+    ``crossfit`` the priors replayed are the fitted ones (``k0 <= 1``), not ``cfg``'s own: a
+    log too short for ``cfg``'s prior (Jeffreys needs 4 samples) is capped all the same, and
+    ``cfg`` then carries the fitted prior (and transform) needing most samples as its unused own.
     """
     avail = data.min_samples
     if cfg.horizon <= avail:
         return cfg, None
-    if avail < cfg.k0 + 1:
+    k0 = cfg.k0
+    if crossfit is not None:
+        k0 = max(max(1, fit.prior.k0) for fit in crossfit.fits)  # BeaconConfig.k0's rule
+    if avail < k0 + 1:
         raise ConfigError(
             "horizon",
             avail,
             f"the shortest prompt in {data.source} has {avail} samples; this prior needs at "
-            f"least k0 + 1 = {cfg.k0 + 1}",
+            f"least k0 + 1 = {k0 + 1}",
         )
+    if crossfit is not None and avail < cfg.k0 + 1:
+        fit = max(crossfit.fits, key=lambda f: f.prior.k0)
+        return cfg.replace(horizon=avail, prior=fit.prior, transform=fit.transform), cfg.horizon
     return cfg.replace(horizon=avail), cfg.horizon
 
 
@@ -979,7 +1012,7 @@ def evaluate(
     """
     _check_family(cfg, crossfit)
     data = data.for_family(cfg.family)
-    cfg, requested = cap_horizon(data, cfg)
+    cfg, requested = cap_horizon(data, cfg, crossfit)
     data = data.truncate(cfg.horizon)
     fixed = evaluate_fixed(data, cfg.horizon, cfg.cost)
     b = evaluate_beacon(data, cfg, crossfit)
@@ -1040,7 +1073,7 @@ def cost_grid(
         lo = min(lo, hi - 1.0)
     elif crossfit is None:
         x = data.rewards if cfg.transform is None else cfg.transform.apply(data.rewards)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # |r| > 1e154: sd inf, left out
             sd = np.nanstd(x, axis=1)
         sd = sd[np.isfinite(sd) & (sd > 0)]
         if sd.size:
@@ -1155,6 +1188,8 @@ def choose_cost_for_target_samples(
     """
     if not math.isfinite(target) or target <= 0:
         raise ConfigError("target_samples", target, "must be a positive number")
+    if not points:
+        raise ConfigError("points", 0, "the sweep is empty")
     pts = sorted(points, key=lambda p: p.cost)
 
     def ok(m: PolicyMetrics) -> bool:
@@ -1202,6 +1237,8 @@ def choose_cost_for_max_quality_loss(
     """
     if not math.isfinite(max_loss) or max_loss < 0:
         raise ConfigError("max_quality_loss", max_loss, "must be a finite number >= 0")
+    if not points:
+        raise ConfigError("points", 0, "the sweep is empty")
     pts = sorted(points, key=lambda p: p.cost)
     floor = reference - max_loss
 
@@ -1325,7 +1362,7 @@ def tune(
     data = data.for_family(cfg.family)
     if q == "accuracy" and not data.has_labels:
         raise ConfigError("quality", q, "the log has no 'correct' labels")
-    cfg, requested = cap_horizon(data, cfg)
+    cfg, requested = cap_horizon(data, cfg, crossfit)
     data = data.truncate(cfg.horizon)
     if costs is None:
         grid = cost_grid(data, cfg, n_costs, crossfit=crossfit)

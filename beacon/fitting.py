@@ -503,10 +503,13 @@ class GaussianizeTransform(RewardTransform):
         slope_right: float,
     ) -> None:
         try:
-            xa = np.asarray(x, dtype=np.float64).reshape(-1)
-            qa = np.asarray(q, dtype=np.float64).reshape(-1)
+            xa = np.asarray(x, dtype=np.float64)
+            qa = np.asarray(q, dtype=np.float64)
         except (TypeError, ValueError) as exc:
             raise ConfigError("transform.x", x, "knots must be numbers") from exc
+        for name, arr in (("transform.x", xa), ("transform.q", qa)):
+            if arr.ndim != 1:  # [[0, 1]] was flattened into knots without a word
+                raise ConfigError(name, arr.tolist(), "must be a flat list of numbers")
         if xa.size < 2 or xa.size != qa.size:
             raise ConfigError("transform.x", f"{xa.size} knots / {qa.size} quantiles",
                               "need >= 2 knots and as many quantiles")
@@ -678,6 +681,10 @@ def load_fit(path: str | Path) -> FitResult:
         raise ConfigError("prior", str(p), "file not found") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError("prior", str(p), f"not valid JSON ({exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("prior", str(p), "not a UTF-8 text file") from exc
+    except OSError as exc:  # a directory, no permission, ...
+        raise ConfigError("prior", str(p), f"cannot read it ({exc.strerror or exc})") from exc
     if isinstance(data, dict) and "prior" not in data:
         data = {"prior": data}
     return FitResult.from_dict(data)

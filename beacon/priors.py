@@ -220,6 +220,10 @@ def load_prior(path: str | Path) -> Prior:
         raise ConfigError("prior", str(p), "file not found") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError("prior", str(p), f"not valid JSON ({exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("prior", str(p), "not a UTF-8 text file") from exc
+    except OSError as exc:  # a directory, no permission, ...
+        raise ConfigError("prior", str(p), f"cannot read it ({exc.strerror or exc})") from exc
     if isinstance(data, dict) and "prior" in data and isinstance(data["prior"], dict):
         data = data["prior"]
     return prior_from_dict(data)

@@ -118,6 +118,8 @@ def transform_from_dict(data: dict[str, Any]) -> RewardTransform:
     if not isinstance(data, dict) or "kind" not in data:
         raise ConfigError("transform", data, "must be a JSON object with a 'kind'")
     kind = data["kind"]
+    if not isinstance(kind, str):  # a list or an object as kind is not hashable
+        raise ConfigError("transform.kind", kind, "must be a string")
     _ensure_builtin_kinds()
     if kind not in _REGISTRY:
         raise ConfigError(

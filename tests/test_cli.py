@@ -358,6 +358,43 @@ def test_tune_usage_errors() -> None:
     assert code == 2 and "--cost-min" in err
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "reason"),
+    [
+        ("--target-samples", "-1", "finite number > 0"),
+        ("--target-samples", "nan", "finite number > 0"),
+        ("--target-samples", "0.5", "at least 1 sample"),
+        ("--max-quality-loss", "-0.1", "finite number >= 0"),
+        ("--max-quality-loss", "inf", "finite number >= 0"),
+    ],
+)
+def test_tune_budget_is_checked_before_any_work(
+    option: str, value: str, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A budget no sweep can meet is a usage error before the log is even read (it used to
+    # surface only after the whole sweep).
+    import beacon.cli.tune as tune_cli
+
+    def no_work(*_a: object, **_k: object) -> None:
+        raise AssertionError(f"the log was read before {option} was checked")
+
+    monkeypatch.setattr(tune_cli, "load_log", no_work)
+    code, out, err = run("tune", WRITING, option, value)
+    flat = " ".join(err.split())
+    assert code == 2 and out == "" and option in flat and reason in flat, flat
+
+
+def test_tune_one_cost_bound_against_the_default_blames_the_given_option() -> None:
+    # --cost-max alone below the data's default --cost-min was reported against --cost-min,
+    # which the user never gave, with a number they never typed.
+    code, _, err = run("tune", WRITING, "--prior", "default", "--cost-max", "0.0001")
+    flat = " ".join(err.split())
+    assert code == 2 and "'--cost-max': 0.0001: must be above the default --cost-min" in flat
+    code, _, err = run("tune", WRITING, "--prior", "default", "--cost-min", "1000")
+    flat = " ".join(err.split())
+    assert code == 2 and "'--cost-min': 1000: must be below the default --cost-max" in flat
+
+
 def test_tune_explicit_cost_range() -> None:
     code, out, _ = run(
         "tune", WRITING, "--cost-min", "0.05", "--cost-max", "2", "--points", "5", "--json"
@@ -586,6 +623,35 @@ def test_json_output_stays_strict_json_for_an_absurd_cost() -> None:
     assert got["beacon"]["value"] is None  # -inf has no JSON form
 
 
+def test_absurd_cost_prints_no_nan() -> None:
+    # Every value is -inf at c = 1e308; their difference used to print as "(+nan)".
+    code, out, _ = run("replay", WRITING, "-c", "1e308")
+    flat = " ".join(out.split())
+    assert code == 0 and "nan" not in flat.lower()
+    assert "both -inf: K*c overflows at this c" in flat
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_huge_rewards_fail_naming_the_prompt_without_numpy_noise(tmp_path: Path) -> None:
+    log = tmp_path / "huge.jsonl"
+    log.write_text(
+        '{"id": "q1", "rewards": [0.5, 1e300, 0.1, 0.2, 0.3]}\n'
+        '{"id": "q2", "rewards": [0.1, 0.2, 0.3, 0.4, 0.5]}\n'
+    )
+    # replay: the overflow of the scale check's squares was a numpy RuntimeWarning on stderr
+    code, _, err = run("replay", log, "--cost", "0.1")
+    flat = " ".join(err.split())
+    assert code == 1 and "prompt 'q1' (record 1), sample 1: 1e+300" in flat, flat
+    # tune: the warm-up replay named the reward by array position "(0, 1)"
+    code, _, err = run("tune", log, "--prior", "default")
+    flat = " ".join(err.split())
+    assert code == 1 and "prompt 'q1' (record 1), sample 1: 1e+300" in flat, flat
+    assert "(0, 1)" not in flat
+    code, _, err = run("tune", log, "--family", "judge")
+    flat = " ".join(err.split())
+    assert code == 1 and "prompt 'q1' (record 1), sample 1" in flat and "(0, 1)" not in flat
+
+
 def test_plot_path_is_checked_before_the_sweep(tmp_path: Path) -> None:
     code, _, err = run("tune", WRITING, "--plot", tmp_path)
     assert code == 2 and "--plot" in err and "is a directory" in err
@@ -599,6 +665,38 @@ def test_plot_path_is_checked_before_the_sweep(tmp_path: Path) -> None:
     assert code == 0 and plain.read_bytes()[:4] == b"\x89PNG"
     assert f"Plot written to {plain}" in " ".join(out.split())
     assert not plain.with_suffix(".png").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_unwritable_plot_path_fails_before_reading_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # os.access says root may write in /proc; only creating the file shows it cannot.
+    import beacon.cli.tune as tune_cli
+
+    def no_work(*_a: object, **_k: object) -> None:
+        raise AssertionError("the log was read before --plot was checked")
+
+    monkeypatch.setattr(tune_cli, "load_log", no_work)
+    for target in ("/proc/beacon-plot.png", "/proc/beacon-no-such-dir/plot.png"):
+        code, out, err = run("tune", GAME24, "--family", "bernoulli", "--plot", target)
+        flat = " ".join(err.split())
+        assert code == 2 and out == "" and "--plot" in flat and "cannot write" in flat, flat
+        assert target in flat
+
+
+def test_plot_probe_leaves_no_trace(tmp_path: Path) -> None:
+    # The early check creates the folders and the file to prove they can be written; a run that
+    # fails afterwards (here: a missing log) must not leave them behind, nor touch a file that
+    # is already there.
+    new = tmp_path / "new" / "sub" / "p.png"
+    code, _, err = run("tune", tmp_path / "missing.jsonl", "--plot", new)
+    assert code == 2 and "does not exist" in err
+    assert not (tmp_path / "new").exists()
+    old = tmp_path / "old.png"
+    old.write_bytes(b"keep me")
+    code, _, _ = run("tune", tmp_path / "missing.jsonl", "--plot", old)
+    assert code == 2 and old.read_bytes() == b"keep me"
 
 
 @pytest.mark.parametrize("option", ["--cost-min", "--cost-max"])
@@ -628,6 +726,84 @@ def test_prior_fit_on_a_log_of_few_prompts(tmp_path: Path) -> None:
         flat = " ".join(err.split())
         assert code == 2 and "'--prior'" in flat and "--prior default" in flat, flat
         assert "folds <= " not in flat
+
+
+def test_prior_fit_runs_on_logs_too_short_for_the_default_prior(tmp_path: Path) -> None:
+    # Two samples per prompt: Jeffreys (k0 = 3) cannot run, the fitted priors (k0 <= 1) can.
+    # replay/tune --prior fit used to refuse such logs on the unused default prior's k0, and
+    # told the user to pass --min-samples 4, which leaves out every prompt.
+    rows = [json.loads(x) for x in WRITING.read_text().splitlines() if x.strip()]
+    log = tmp_path / "two.jsonl"
+    log.write_text("".join(json.dumps({"id": r["id"], "rewards": r["rewards"][:2]}) + "\n"
+                           for r in rows[:30]))
+    code, out, err = run("replay", log, "-c", "0.1", "--prior", "fit", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["horizon"] == 2 and got["crossfit"]["folds"] == 5
+    assert 1.0 <= got["beacon"]["avg_samples"] <= 2.0
+    code, out, err = run("tune", log, "--points", "4", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["horizon"] == 2 and got["crossfit"] is not None and got["baseline"] is None
+    assert any("default prior is not swept" in n for n in got["notes"])
+    # without a fitted prior: a usage error whose advice can be followed
+    code, _, err = run("replay", log, "-c", "0.1")
+    flat = " ".join(err.split())
+    assert code == 2 and "no prompt has that many (the longest has 2)" in flat, flat
+    assert "--min-samples 4 leaves" not in flat and "--prior fit" in flat
+
+
+def test_min_samples_leaves_out_unlabelled_prompts_for_bernoulli(tmp_path: Path) -> None:
+    rows = [json.loads(x) for x in GAME24.read_text().splitlines() if x.strip()][:10]
+    rows[3]["correct"] = [None] * len(rows[3]["correct"])
+    log = tmp_path / "unlabelled.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, _, err = run("replay", log, "-c", "0.05", "--family", "bernoulli")
+    flat = " ".join(err.split())
+    assert code == 1 and f"prompt {rows[3]['id']!r}" in flat and "no 'correct' label" in flat
+    # --min-samples counts labels for bernoulli; it used to fail the same way as above
+    code, out, err = run(
+        "replay", log, "-c", "0.05", "--family", "bernoulli", "--min-samples", "1", "--json"
+    )
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["n_prompts"] == 9 and any("left out 1 of 10" in n for n in got["notes"])
+
+
+def test_prior_fit_failing_on_the_log_says_so_and_how_to_run_without(tmp_path: Path) -> None:
+    # `beacon tune` fits by default; on rewards without variation the error spoke of a
+    # gaussianize transform the user never asked for, with no way out.
+    log = tmp_path / "flat.jsonl"
+    log.write_text("".join(
+        json.dumps({"id": str(i), "rewards": [0.5] * 6}) + "\n" for i in range(6)
+    ))
+    code, out, err = run("tune", log)
+    flat = " ".join(err.split())
+    assert code == 1 and out == ""
+    assert "--prior fit (--transform gaussianize) cannot fit a prior on this log" in flat, flat
+    assert "2 distinct rewards" in flat and "use --prior default" in flat
+    code, out, _ = run("tune", log, "--prior", "default", "--json")
+    assert code == 0 and json.loads(out)["recommended"]["mean_standardized_reward"] == 0.0
+
+
+def test_errors_and_notes_quoting_brackets_are_printed_verbatim(tmp_path: Path) -> None:
+    # Messages quote log lines and paths; rich read "[/INST]" (a Llama prompt) as a closing tag
+    # and crashed with MarkupError, and ate "[red]" out of a path.
+    log = tmp_path / "inst.jsonl"
+    log.write_text('{"id": "a", "prompt": "[INST] hi [/INST]", "rewards": [0.1, oops]}\n')
+    code, _, err = run("replay", log, "-c", "0.1")
+    flat = " ".join(err.split())
+    assert code == 1 and '"prompt": "[INST] hi [/INST]"' in flat and "not valid JSON" in flat
+    fitted = tmp_path / "prior[red].json"
+    code, _, _ = run("fit-prior", WRITING, "-o", fitted, "--transform", "gaussianize")
+    assert code == 0
+    (tmp_path / "runs[").mkdir()
+    closing = tmp_path / "runs[" / "]prior.json"
+    closing.write_text(fitted.read_text())
+    for path in (fitted, closing):
+        code, _, err = run("replay", WRITING, "-c", "0.1", "--prior", path)
+        flat = " ".join(err.split())
+        assert code == 0 and f"stored with the prior in {path}" in flat, flat
 
 
 def test_prior_word_misspelled_says_what_prior_takes() -> None:
@@ -687,6 +863,32 @@ def test_table_builds_then_loads_from_cache(
     code, _, err = run("table", "-n", "3")
     assert code == 2 and "--horizon" in err
     clear_memory_cache()
+
+
+def test_table_horizon_too_large_is_usage_error_on_horizon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BEACON_CACHE_DIR", str(tmp_path))
+    code, _, err = run("table", "-n", "2000")
+    flat = " ".join(err.split())
+    # was exit 1 naming an internal field: "invalid n=2000"
+    assert code == 2 and "'--horizon': 2000" in flat and "<= 1024" in flat, flat
+    assert not list(tmp_path.glob("*.npz"))
+
+
+def test_a_directory_given_as_a_json_file_is_usage_error(tmp_path: Path) -> None:
+    for cmd in (
+        ("replay", WRITING, "-c", "0.1", "--prior", tmp_path),
+        ("table", "-n", "8", "--prior", tmp_path),
+        ("replay", WRITING, "-c", "0.1", "--transform", tmp_path / "t.json"),
+    ):
+        if cmd[-1] != tmp_path:
+            Path(cmd[-1]).mkdir()
+        code, _, err = run(*cmd)
+        flat = " ".join(err.split())
+        # was exit 1, "error: Is a directory: ..." without the option
+        assert code == 2 and "is a directory, not a JSON file" in flat, flat
+        assert f"'{cmd[-2]}'" in flat
 
 
 # ---------------------------------------------------------------------------------------------

@@ -149,6 +149,26 @@ def test_logged_from_records_matches_file(tmp_path: Path) -> None:
         logged_from_records([{"rewards": [1]}, {"rewards": "x"}])
 
 
+def test_logged_from_records_takes_numpy_scalars_and_sequences() -> None:
+    # Records built in Python hold numpy scalars (numbers everywhere else in BEACON) and
+    # tuples or arrays; they used to be refused as "must be a number or null".
+    d = logged_from_records(
+        [
+            {"id": "a", "rewards": [np.float32(0.5), np.int64(2), None], "correct": [
+                np.bool_(True), np.int64(0), None]},
+            {"id": "b", "rewards": np.array([1.0, -1.0]), "correct": (False, True)},
+        ]
+    )
+    np.testing.assert_array_equal(d.rewards, [[0.5, 2.0], [1.0, -1.0]])
+    assert d.correct is not None
+    np.testing.assert_array_equal(d.correct, [[1.0, 0.0], [0.0, 1.0]])
+    for bad in ([np.bool_(True)], [True], ["0.5"], [[1.0]]):
+        with pytest.raises(LogFormatError, match=r"invalid rewards\[0\]=.*must be a number"):
+            logged_from_records([{"rewards": bad}])
+    with pytest.raises(LogFormatError, match=r"invalid correct\[0\]=.*must be true, false"):
+        logged_from_records([{"rewards": [1.0], "correct": [np.float64(0.5)]}])
+
+
 def test_a_file_that_is_not_utf8_names_the_line_and_the_byte(tmp_path: Path) -> None:
     p = tmp_path / "latin1.jsonl"
     p.write_bytes(b'{"id": "a", "rewards": [1, 2]}\n{"id": "caf\xe9", "rewards": [1, 2]}\n')
@@ -322,6 +342,21 @@ def test_bernoulli_needs_labels() -> None:
         evaluate(d, beacon.BeaconConfig(cost=0.1, horizon=5, family="bernoulli"))
 
 
+def test_bernoulli_names_a_prompt_with_rewards_but_no_labels() -> None:
+    # It used to fail as "invalid rewards=\"prompt 'b'\": has no logged reward".
+    d = logged_from_records(
+        [
+            {"id": "a", "rewards": [0.1, 0.9], "correct": [False, True]},
+            {"id": "b", "rewards": [0.3, 0.4], "correct": [None, None]},
+        ]
+    )
+    with pytest.raises(LogFormatError) as info:
+        d.for_family("bernoulli")
+    assert info.value.field == "correct" and info.value.value == "prompt 'b'"
+    assert "has rewards but no 'correct' label (1 of 2 prompts" in str(info.value)
+    np.testing.assert_array_equal(d.subset([0]).for_family("bernoulli").rewards, [[0.0, 1.0]])
+
+
 def test_bernoulli_error_names_a_reward_that_is_not_0_or_1() -> None:
     d = load_logged(WRITING)
     first = json.loads(WRITING.read_text().splitlines()[0])
@@ -364,6 +399,54 @@ def test_horizon_capped_at_samples_every_prompt_has() -> None:
     short = logged_from_records([{"rewards": [1.0, 2.0, 3.0]}])
     with pytest.raises(beacon.ConfigError, match="k0"):
         cap_horizon(short, beacon.BeaconConfig(cost=0.1, horizon=8))
+
+
+def test_empty_or_misshapen_inputs_are_config_errors() -> None:
+    # These escaped as IndexError / AxisError / ValueError from numpy and min()/max().
+    d = logged_from_records([{"id": "a", "rewards": [1.0, 2.0, 3.0, 4.0]}])
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=4)
+    with pytest.raises(beacon.ConfigError, match="no prompt"):
+        d.subset([])
+    with pytest.raises(beacon.ConfigError) as e1:
+        standardize(np.array([1.0, 2.0]))
+    assert e1.value.field == "rewards"
+    with pytest.raises(beacon.ConfigError) as e2:
+        interpolate_fixed([], 2.0)
+    assert e2.value.field == "fixed"
+    with pytest.raises(beacon.ConfigError) as e3:
+        choose_cost_for_target_samples(d, cfg, [], 2.0)
+    assert e3.value.field == "points"
+    with pytest.raises(beacon.ConfigError) as e4:
+        choose_cost_for_max_quality_loss(d, cfg, [], 0.0, 0.1)
+    assert e4.value.field == "points"
+
+
+def test_crossfit_runs_on_logs_too_short_for_the_default_prior() -> None:
+    # Two samples per prompt: too few for Jeffreys (k0 = 3), enough for the fitted priors
+    # (k0 <= 1) that a cross-fitted replay actually uses. Both used to raise on cfg's k0.
+    rng = np.random.default_rng(8)
+    d = LoggedRewards(tuple(str(i) for i in range(20)),
+                      rng.normal(np.linspace(0, 2, 20)[:, None], 1.0, (20, 2)))
+    cf = cross_fit(d, folds=4)
+    cfg = beacon.BeaconConfig(cost=0.1)  # Jeffreys, horizon 32
+    assert max(max(1, f.prior.k0) for f in cf.fits) + 1 <= 2 < cfg.k0 + 1
+    ev = evaluate(d, cfg, cf)
+    assert ev.horizon == 2 and len(ev.fixed) == 2
+    capped, requested = cap_horizon(d, cfg, cf)
+    assert capped.horizon == 2 and requested == cfg.horizon
+    # the same as replaying each fold with its own fitted prior by hand
+    from beacon.replay import replay
+
+    used = np.zeros(d.n_prompts)
+    for f in range(cf.n_folds):
+        rows = np.flatnonzero(cf.folds == f)
+        res = replay(d.rewards[rows], cf.fold_config(f, capped))
+        used[rows] = res.n_samples
+    assert ev.beacon.avg_samples == pytest.approx(float(used.mean()))
+    res = tune(d, cfg, crossfit=cf, n_costs=4)
+    assert res.config.horizon == 2 and 1.0 <= res.choice.metrics.avg_samples <= 2.0
+    with pytest.raises(beacon.ConfigError, match="k0"):  # no crossfit: Jeffreys still refuses
+        cap_horizon(d, cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -657,3 +740,14 @@ def test_cost_grid_is_in_standardized_units_under_crossfit() -> None:
     raw = cost_grid(data, cfg, 5)
     sd = np.median(np.nanstd(data.rewards, axis=1))
     np.testing.assert_allclose(raw, sd * np.logspace(-3, 1, 5))
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_cost_grid_ignores_prompts_whose_spread_overflows() -> None:
+    # |r| ~ 1e300 overflows the squares of nanstd: that prompt's sd is left out of the median
+    # (the replay rejects such rewards by name), with no numpy warning on the way.
+    data = LoggedRewards(("a", "b", "c"), np.array([[0.0, 1e300, 2e300], [0.0, 1.0, 2.0],
+                                                     [0.0, 2.0, 4.0]]))
+    grid = cost_grid(data, beacon.BeaconConfig(cost=0.1, horizon=4), 3)
+    sd = np.median([np.std([0.0, 1.0, 2.0]), np.std([0.0, 2.0, 4.0])])
+    np.testing.assert_allclose(grid, sd * np.logspace(-3, 1, 3))

@@ -195,6 +195,24 @@ def test_json_round_trip_and_load(tmp_path: object) -> None:
     assert load_fit(bom).prior == res.prior and beacon.load_prior(bom) == res.prior
 
 
+def test_unreadable_prior_files_are_config_errors(tmp_path: object) -> None:
+    # A directory or a file that is not UTF-8 used to escape as IsADirectoryError /
+    # UnicodeDecodeError (the latter without naming the file).
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    binary = folder / "prior.json"
+    binary.write_bytes(b'\xff\xfe{"mu0": 0}')
+    for load in (load_fit, beacon.load_prior):
+        with pytest.raises(ConfigError) as ei:
+            load(folder)
+        assert ei.value.field == "prior" and ei.value.value == str(folder)
+        assert "cannot read it" in str(ei.value)
+        with pytest.raises(ConfigError) as ei:
+            load(binary)
+        assert ei.value.value == str(binary) and "not a UTF-8 text file" in str(ei.value)
+
+
 def test_ragged_rows_are_padded() -> None:
     rows = [[1.0, 2.0, 3.5], [0.5, 1.5], [2.0, None, 4.0, 3.0], [1.0]]
     m = reward_matrix(rows)

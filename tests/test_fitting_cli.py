@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 import beacon
@@ -104,3 +105,55 @@ def test_fit_prior_reward_errors_name_the_prompt(tmp_path: Path) -> None:
     flat = " ".join(res.output.split())
     assert res.exit_code == 1 and "prompt 'q2' (record 2), sample 1: 3.0" in flat
     assert "(1, 1)" not in flat and not out.exists()
+
+
+def test_fit_prior_json_stdout_is_json_alone(tmp_path: Path) -> None:
+    # `beacon fit-prior ... --json | jq` must work: the summary line goes to stderr.
+    rng = np.random.default_rng(4)
+    log = _log(tmp_path / "log.jsonl", rng.normal(size=(12, 5)))
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["fit-prior", str(log), "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == json.loads(out.read_text())
+    assert "fitted normal prior" in res.stderr
+    # without --json the summary stays on stdout
+    res = runner.invoke(app, ["fit-prior", str(log), "-o", str(out)])
+    assert res.exit_code == 0 and "fitted normal prior" in res.stdout and res.stderr == ""
+
+
+def test_fit_prior_output_is_checked_before_the_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import beacon.cli.priors as priors_cli
+
+    rng = np.random.default_rng(5)
+    log = _log(tmp_path / "log.jsonl", rng.normal(size=(12, 5)))
+
+    def no_work(*_a: object, **_k: object) -> None:
+        raise AssertionError("the log was read before --output was checked")
+
+    with monkeypatch.context() as m:
+        m.setattr(priors_cli, "load_log", no_work)
+        targets = [(tmp_path, "is a directory"), (log / "p.json", "is not a directory")]
+        if Path("/proc/self").is_dir():  # root may "write" in /proc by os.access; it cannot
+            targets.append((Path("/proc/beacon-prior.json"), "cannot write it"))
+        for target, reason in targets:
+            res = runner.invoke(app, ["fit-prior", str(log), "-o", str(target)])
+            flat = " ".join(res.stderr.split())
+            assert res.exit_code == 2 and "--output" in flat and reason in flat, flat
+    # a missing folder is created, as `tune --plot` creates its folder
+    nested = tmp_path / "new" / "sub" / "p.json"
+    res = runner.invoke(app, ["fit-prior", str(log), "-o", str(nested)])
+    assert res.exit_code == 0, res.output
+    assert load_fit(nested).family == "normal"
+
+
+def test_fit_prior_refuses_to_overwrite_its_own_log(tmp_path: Path) -> None:
+    # `-o` equal to LOGGED used to replace the log with the prior it was fitted on.
+    rng = np.random.default_rng(6)
+    log = _log(tmp_path / "log.jsonl", rng.normal(size=(12, 5)))
+    before = log.read_text()
+    res = runner.invoke(app, ["fit-prior", str(log), "-o", str(tmp_path / "." / "log.jsonl")])
+    flat = " ".join(res.stderr.split())
+    assert res.exit_code == 2 and "--output" in flat and "is the log LOGGED itself" in flat
+    assert log.read_text() == before

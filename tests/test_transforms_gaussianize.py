@@ -146,6 +146,24 @@ def test_invalid_construction_names_the_field() -> None:
     assert e5.value.field == "max_knots"
 
 
+def test_nested_knots_and_a_kind_that_is_not_a_string_are_config_errors() -> None:
+    # [[0, 1]] used to be flattened into knots silently; an unhashable kind (a JSON list or
+    # object) escaped as "TypeError: unhashable type" through `beacon replay --transform`.
+    with pytest.raises(ConfigError) as e1:
+        transform_from_dict(
+            {"kind": "gaussianize", "x": [[0.0, 1.0]], "q": [[0.0, 1.0]],
+             "slope_left": 1.0, "slope_right": 1.0}
+        )
+    assert e1.value.field == "transform.x" and "flat list" in str(e1.value)
+    with pytest.raises(ConfigError) as e2:
+        GaussianizeTransform([0.0, 1.0], [[0.0], [1.0]], 1.0, 1.0)
+    assert e2.value.field == "transform.q"
+    for kind in (["gaussianize"], {"a": 1}, 3):
+        with pytest.raises(ConfigError) as e3:
+            transform_from_dict({"kind": kind})
+        assert e3.value.field == "transform.kind" and e3.value.value == kind
+
+
 def test_config_round_trip_and_stopper_picks_best_raw_reward() -> None:
     g = GaussianizeTransform.fit(np.linspace(0.0, 1.0, 50) ** 3)
     cfg = beacon.BeaconConfig(cost=0.01, horizon=6, family="normal",

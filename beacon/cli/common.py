@@ -17,7 +17,7 @@ import inspect
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -46,6 +47,7 @@ from beacon.evaluation import (
     PolicyMetrics,
     cross_fit,
     load_logged,
+    name_reward_error,
 )
 from beacon.priors import Prior, prior_from_dict
 from beacon.transforms import RewardTransform, make_transform, transform_from_dict
@@ -60,6 +62,7 @@ __all__ = [
     "LogSetup",
     "build_config",
     "check_input_file",
+    "check_output_file",
     "echo_json",
     "err_console",
     "fail",
@@ -115,7 +118,8 @@ R = TypeVar("R")
 
 def fail(message: str) -> NoReturn:
     """Print ``error: message`` on stderr and exit with :data:`EXIT_FAILURE`."""
-    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    # escape: messages quote log lines, ids and paths ("[/INST]" in a prompt is not markup)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
     raise typer.Exit(EXIT_FAILURE)
 
 
@@ -201,6 +205,41 @@ def check_input_file(path: Path, argument: str) -> None:
         usage_error(f"{str(path)!r} is a directory, not a JSONL file", argument)
 
 
+def check_output_file(path: Path, option: str) -> None:
+    """A file the command will write at ``path``: a usage error on ``option`` now if it cannot.
+
+    Checked before any work. Permission bits are not enough (root passes ``os.access`` on a
+    folder it cannot write in, such as ``/proc`` or a read-only mount), so the missing folders
+    and the file are created as the command will create them, then removed again; an existing
+    file is opened for appending and left as it is.
+    """
+    if path.is_dir():
+        usage_error(f"{str(path)!r} is a directory; give a file name in it", option)
+    missing: list[Path] = []
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    if not folder.is_dir():
+        usage_error(f"{str(path)!r}: {str(folder)!r} is not a directory", option)
+    created: list[Path] = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            created.append(d)
+        existed = path.exists() or path.is_symlink()
+        with open(path, "ab"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        usage_error(f"{str(path)!r}: cannot write it ({exc.strerror or exc})", option)
+    finally:
+        for d in reversed(created):
+            with suppress(OSError):
+                d.rmdir()
+
+
 def load_log(path: Path) -> LoggedRewards:
     """Load LOGGED.jsonl: a missing file is a usage error, a malformed line a failure (line no.)."""
     check_input_file(path, "LOGGED")
@@ -214,6 +253,8 @@ def load_log(path: Path) -> LoggedRewards:
 def _read_json(path: Path, option: str) -> Any:
     if not path.exists():
         usage_error(f"file {str(path)!r} does not exist", option)
+    if path.is_dir():
+        usage_error(f"{str(path)!r} is a directory, not a JSON file", option)
     try:
         return json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
@@ -450,7 +491,8 @@ class LogSetup:
     """What ``replay`` / ``tune`` run: a config, maybe a cross-fitted prior, and notes.
 
     ``crossfit`` is None unless ``--prior fit``; then ``config``'s own prior and transform are
-    the family defaults (unused by the replay) and costs are in per-prompt standardized units.
+    the family defaults (unused by the replay; on a log too short for the default prior, the
+    fitted prior needing most samples) and costs are in per-prompt standardized units.
     """
 
     config: BeaconConfig
@@ -481,7 +523,13 @@ def select_prompts(
         return data, []
     if min_samples < 1:
         usage_error(f"{min_samples}: must be >= 1", "--min-samples")
-    counts = data.for_family(family).counts
+    if family == "bernoulli" and data.has_labels:
+        assert data.correct is not None
+        # labels counted directly: for_family refuses a log with unlabelled prompts, which
+        # is what --min-samples is for
+        counts = np.sum(~np.isnan(data.correct), axis=1)
+    else:
+        counts = data.for_family(family).counts
     keep = counts >= min_samples
     if not keep.any():
         usage_error(
@@ -593,28 +641,63 @@ def log_setup(
         "prior": prior_obj,
         "transform": tr,
     }
+    cf: CrossFit | None = None
+    if mode == PRIOR_FIT:
+        build_config(horizon=DEFAULT_HORIZON, **fields)  # --cost & co. before the fit
+        try:
+            with spinner(f"fitting the prior on {k} folds"):
+                cf = cross_fit(data, family, fitted_with, k)
+        except LogFormatError:
+            raise
+        except ConfigError as exc:
+            # e.g. rewards without variation: say that it is the fit (the default of tune, not
+            # asked for by name) that failed, and how to run without it
+            with_tr = "" if spec == "none" else f" (--transform {spec})"
+            fail(
+                f"{data.source}: --prior fit{with_tr} cannot fit a prior on this log: {exc}; "
+                "use --prior default (or a prior file)"
+            )
+
+    def make(h: int) -> BeaconConfig:
+        try:
+            return BeaconConfig(horizon=h, **fields)
+        except ConfigError as exc:
+            if exc.field != "horizon" or cf is None:
+                raise
+        # The fitted priors (k0 <= 1), not the family default the config keeps, are replayed:
+        # a log too short for the default (Jeffreys needs 4 samples) runs with the fitted prior
+        # that needs the most samples as the config's own (unused) prior.
+        fit = max(cf.fits, key=lambda f: f.prior.k0)
+        return BeaconConfig(horizon=h, **{**fields, "prior": fit.prior, "transform": fit.transform})
+
     if horizon is None:
         horizon, horizon_notes = _default_horizon(fam_data)
         notes = notes + horizon_notes
         try:
-            cfg = BeaconConfig(horizon=horizon, **fields)
+            cfg = make(horizon)
         except ConfigError as exc:
             if exc.field != "horizon":
                 config_error(exc)
             # the log, not an option, set this horizon: say which prompt and what to do
-            need = build_config(horizon=DEFAULT_HORIZON, **fields).k0 + 1
+            need = make(DEFAULT_HORIZON).k0 + 1
+            if fam_data.max_samples >= need:
+                todo = f"--min-samples {need} leaves such prompts out"
+            else:
+                todo = f"no prompt has that many (the longest has {fam_data.max_samples})"
+                if mode != PRIOR_FIT and family in _FIT_FAMILIES:
+                    todo += "; a fitted prior needs fewer (--prior fit)"
             usage_error(
                 f"the shortest prompt in {data.source}, {_shortest(fam_data)}, has fewer "
-                f"than the {need} (k0 + 1) this prior needs before its first decision: "
-                f"--min-samples {need} leaves such prompts out",
+                f"than the {need} (k0 + 1) this prior needs before its first decision: {todo}",
                 "--min-samples",
             )
     else:
-        cfg = build_config(horizon=horizon, **fields)
-    if mode != PRIOR_FIT:
+        try:
+            cfg = make(horizon)
+        except ConfigError as exc:
+            config_error(exc)
+    if cf is None:
         return LogSetup(cfg, None, notes + scale_note(fam_data, cfg), spec)
-    with spinner(f"fitting the prior on {k} folds"):
-        cf = cross_fit(data, family, fitted_with, k)
     return LogSetup(cfg, cf, notes, spec)
 
 
@@ -634,7 +717,9 @@ def scale_note(data: LoggedRewards, cfg: BeaconConfig, what: str = "") -> list[s
         x = data.rewards if cfg.transform is None else cfg.transform.apply(data.rewards)
     except RewardError:
         return []  # outside the transform's domain: the replay reports it, naming the prompt
-    with np.errstate(invalid="ignore"):
+    # over: rewards beyond 1e154 overflow the squares (sd inf, dropped below); the replay then
+    # rejects them with a message naming the prompt, and a numpy warning would only be noise.
+    with np.errstate(invalid="ignore", over="ignore"):
         sd = np.nanstd(x, axis=1)
     sd = sd[np.isfinite(sd) & (sd > 0)]
     if sd.size == 0 or float(np.median(sd)) >= 10 * SIGMA_FLOOR:
@@ -711,7 +796,7 @@ def echo_json(obj: Any) -> None:
 
 def print_notes(notes: list[str]) -> None:
     for n in notes:
-        err_console.print(f"[yellow]note:[/] {n}", markup=True, highlight=False)
+        err_console.print(f"[yellow]note:[/] {escape(n)}", markup=True, highlight=False)
 
 
 def fmt(x: float | None, digits: int = 3, scale: float | None = None, sign: bool = False) -> str:
@@ -751,4 +836,8 @@ def warm_up(data: LoggedRewards, cfg: BeaconConfig, crossfit: CrossFit | None = 
     what = "table" if len(cfgs) == 1 else f"tables of the {len(cfgs)} fitted priors"
     with spinner(f"loading the h-index {what} (n={horizon}); the first run compiles kernels"):
         for c in cfgs:
-            replay(fam.rewards[:1, :horizon], c.replace(horizon=max(horizon, c.k0 + 1)))
+            try:
+                replay(fam.rewards[:1, :horizon], c.replace(horizon=max(horizon, c.k0 + 1)))
+            except RewardError as exc:
+                # row 0 of the one-row array is the log's first prompt: name it by its id
+                raise name_reward_error(fam, exc) from exc

@@ -17,6 +17,9 @@ from beacon.cli.common import (
     FamilyOpt,
     LoggedArg,
     check_family,
+    check_output_file,
+    echo_json,
+    err_console,
     guarded,
     load_log,
     out_console,
@@ -81,6 +84,10 @@ def fit_prior_command(
         usage_error(f"{transform!r}: the {family} family takes raw rewards", "--transform")
     if method not in ("marginal", "moments"):
         usage_error(f"{method!r}: choose marginal or moments", "--method")
+    if output.exists() and logged.exists() and output.samefile(logged):
+        # writing the prior there would replace the log it is fitted on
+        usage_error(f"{str(output)!r} is the log LOGGED itself; give another file", "--output")
+    check_output_file(output, "--output")
     data = load_log(logged).for_family(family)
     try:
         fit = fit_reward_model(
@@ -90,17 +97,20 @@ def fit_prior_command(
         raise name_reward_error(data, exc) from exc
     doc = fit.to_dict()
     doc["fitted_on"]["source"] = str(logged)
+    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     p = fit.prior.to_dict()
     params = ", ".join(f"{k}={v:.4g}" for k, v in p.items() if k != "family")
-    out_console.print(
+    # With --json, stdout holds the JSON alone (pipeable into jq); the summary goes to stderr.
+    (err_console if as_json else out_console).print(
         f"fitted {family} prior ({params})"
         + (f" on {fit.transform.kind}-transformed rewards" if fit.transform is not None else "")
         + f" from {doc['fitted_on']['prompts']} prompts / {doc['fitted_on']['rewards']} rewards"
-        + f"; k0={max(1, fit.prior.k0)}; wrote {output}"
+        + f"; k0={max(1, fit.prior.k0)}; wrote {output}",
+        markup=False,
     )
     if as_json:
-        typer.echo(json.dumps(doc))
+        echo_json(doc)
 
 
 def register(app: typer.Typer) -> None:

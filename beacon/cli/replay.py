@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -154,9 +155,12 @@ def summary_lines(ev: Evaluation) -> list[str]:
             f"{ev.matched_fixed_accuracy:.3f}; best-of-{full.n} {full.accuracy:.3f}."
         )
     bf = ev.best_fixed
+    diff = b.value - bf.value
+    # An absurd c (1e308) makes both values -inf: their difference is no number to print.
+    shown = f"{diff:+.3f}" if not math.isnan(diff) else "both -inf: K*c overflows at this c"
     lines.append(
         f"Value E[zhat-K*c] at c={ev.config.cost:g}: BEACON {b.value:.3f}; best fixed N is "
-        f"{bf.n} with {bf.value:.3f} ({b.value - bf.value:+.3f})."
+        f"{bf.n} with {bf.value:.3f} ({shown})."
     )
     if b.truncated:
         lines.append(f"{b.truncated} prompts ran out of logged samples before BEACON stopped.")

@@ -10,11 +10,13 @@ import typer
 from beacon.cli.common import (
     guarded,
     load_prior_file,
+    option_error,
     out_console,
     spinner,
     stopwatch,
     usage_error,
 )
+from beacon.errors import ConfigError
 from beacon.priors import NIGPrior
 
 __all__ = ["register", "table_command"]
@@ -59,8 +61,13 @@ def table_command(
     if horizon < p.k0 + 1:
         usage_error(f"{horizon}: must be >= k0 + 1 = {p.k0 + 1} for this prior", "--horizon")
     wait = " (a precise build, if needed, takes minutes)" if precise else ""
-    with spinner(f"h-index table n={horizon}{wait}"), stopwatch() as elapsed:
-        found = find_table(horizon, p.alpha0, p.nu0, precise=precise)
+    try:
+        with spinner(f"h-index table n={horizon}{wait}"), stopwatch() as elapsed:
+            found = find_table(horizon, p.alpha0, p.nu0, precise=precise)
+    except ConfigError as exc:
+        if exc.field != "n":
+            raise
+        option_error(exc, "--horizon")  # the table's n is --horizon (too large, for one)
     out_console.print(
         f"h-index table n={horizon}, alpha0={p.alpha0:g}, nu0={p.nu0:g}: {found.source}",
         markup=False,

@@ -11,7 +11,6 @@ one; the default is plotted and printed next to it so the gain is visible, not a
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +27,7 @@ from beacon.cli.common import (
     MinSamplesOpt,
     RobustOpt,
     TransformOpt,
+    check_output_file,
     echo_json,
     fmt,
     guarded,
@@ -130,8 +130,9 @@ def check_plot_path(path: Path) -> str:
     """``--plot``: the image format to write (the extension's; ``png`` without one).
 
     Checked before any work, as usage errors: a directory, an extension matplotlib cannot
-    write, or a parent that is not a writable directory. The file is written at exactly
-    ``path`` (matplotlib alone would append ``.png`` to a name without an extension).
+    write, or a file that cannot be created there (tried, then removed: see
+    :func:`~beacon.cli.common.check_output_file`). The file is written at exactly ``path``
+    (matplotlib alone would append ``.png`` to a name without an extension).
     """
     from matplotlib.backend_bases import FigureCanvasBase
 
@@ -146,11 +147,7 @@ def check_plot_path(path: Path) -> str:
             f"{', '.join('.' + k for k in sorted(known))}",
             "--plot",
         )
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # plot_tune creates the missing folders
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        usage_error(f"{str(path)!r}: cannot write in {str(parent)!r}", "--plot")
+    check_output_file(path, "--plot")
     return fmt
 
 
@@ -524,6 +521,18 @@ def tune_command(
         usage_error(f"{quality!r}: choose from {', '.join(QUALITY_KINDS)}", "--quality")
     if points < 2:
         usage_error(f"{points}: need at least 2 costs", "--points")
+    # Budgets that no sweep can meet are usage errors now, not after minutes of sweeping.
+    if target_samples is not None and not (math.isfinite(target_samples) and target_samples > 0):
+        usage_error(f"{target_samples:g}: must be a finite number > 0", "--target-samples")
+    if target_samples is not None and target_samples < 1:
+        usage_error(
+            f"{target_samples:g}: not reachable, every prompt uses at least 1 sample",
+            "--target-samples",
+        )
+    if max_quality_loss is not None and not (
+        math.isfinite(max_quality_loss) and max_quality_loss >= 0
+    ):
+        usage_error(f"{max_quality_loss:g}: must be a finite number >= 0", "--max-quality-loss")
     for option, bound in (("--cost-min", cost_min), ("--cost-max", cost_max)):
         if bound is not None and not (math.isfinite(bound) and bound > 0):
             usage_error(f"{bound:g}: must be a finite number > 0", option)
@@ -547,6 +556,19 @@ def tune_command(
         lo = cost_min if cost_min is not None else float(lo_hi[0])
         hi = cost_max if cost_max is not None else float(lo_hi[-1])
         if not (0 < lo < hi):
+            # blame the bound the user gave when the other one is the data's default
+            if cost_min is None:
+                usage_error(
+                    f"{hi:g}: must be above the default --cost-min {lo:g} (from the data's "
+                    "scale); give --cost-min too",
+                    "--cost-max",
+                )
+            if cost_max is None:
+                usage_error(
+                    f"{lo:g}: must be below the default --cost-max {hi:g} (from the data's "
+                    "scale); give --cost-max too",
+                    "--cost-min",
+                )
             usage_error(f"need 0 < --cost-min < --cost-max, got {lo:g} and {hi:g}", "--cost-min")
         if family in ("bernoulli", "judge") and hi >= 1.0:
             usage_error(f"{hi:g}: the {family} family needs c < 1", "--cost-max")
@@ -556,7 +578,17 @@ def tune_command(
     baseline_cfg: BeaconConfig | None = None
     if cf is not None:
         # The paper's default on the raw rewards, swept on the same prompts for comparison.
-        baseline_cfg = cfg.replace(prior=None, transform=None)
+        try:
+            baseline_cfg = cfg.replace(prior=None, transform=None)
+        except ConfigError as exc:
+            if exc.field != "horizon":
+                raise
+            # a log too short for the default prior (Jeffreys: 4 samples) is swept fitted only
+            notes.append(
+                f"the default prior is not swept for comparison: at horizon {cfg.horizon} "
+                f"(the samples every prompt has) it fails: {exc.reason}"
+            )
+    if baseline_cfg is not None:
         notes += scale_note(data, baseline_cfg, "the Jeffreys comparison: ")
         warm_up(data, baseline_cfg)
     warm_up(data, cfg, cf)
