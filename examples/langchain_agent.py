@@ -5,11 +5,13 @@ until one verifies. The attempts and their verdicts are logged GPT-4 chain-of-th
 (``examples/data/tot_game24_gpt4.jsonl``, MIT): a fake chat model replays them in logged order and
 the 0/1 verifier returns the logged check, so the ``bernoulli`` family applies (Beta(1, 1) prior,
 paper appendix "Binary-Reward Variant"): one success is the maximum possible reward, so sampling
-stops ("absorbed") at the first verified attempt, or earlier if the reservation cost
-h^B_{n,k}(a, b) falls below c.
+stops ("absorbed") at the first verified attempt, or gives up without one (stop reason "index")
+once the reservation cost h^B_{n,k}(a, b) falls below c.
 
 The agent itself is ``langchain.agents.create_agent`` driven by a fake tool-calling chat model
-that calls the tool once and then answers with the tool's result.
+that calls the tool once and then answers with a fixed line pointing at the tool's result (it is
+scripted before the tool runs, so it cannot say whether the attempt verified; the script prints
+that).
 
 Run:  python examples/langchain_agent.py
 """
@@ -97,7 +99,7 @@ def main() -> None:
                 "name": "solve_24", "args": {"question": f"Make 24 from {puzzle}"},
                 "id": f"call-{pid}",
             }]),
-            AIMessage(content="I used the BEACON solver; see its verified attempt above."),
+            AIMessage(content="I used the BEACON solver; its answer is the tool result above."),
         ]))
         agent = create_agent(agent_model, [tool])
         out = agent.invoke({"messages": [HumanMessage(content=f"Please solve {puzzle}")]})
@@ -112,7 +114,8 @@ def main() -> None:
               f"{res['stop_reason']}; verified attempts seen: {int(sum(verified))}")
         print(f"  first verified attempt in the log: {first_success}")
         last = res["trace"][-1]
-        print(f"  last decision: k={last['k']} h^B={last['h']} vs c={cfg.cost} -> "
+        rel = "<=" if last["decision"] == "stop" else ">"
+        print(f"  last decision: k={last['k']} h^B={last['h']} {rel} c={cfg.cost} -> "
               f"{last['decision']} ({last['reason']})")
         print(f"  agent: {out['messages'][-1].content}")
         summary = {"id": pid, "n_samples": res["n_samples"], "stop_reason": res["stop_reason"],

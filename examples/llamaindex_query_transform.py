@@ -38,11 +38,16 @@ REWRITES = [
     "router settings",
     "forgot wifi password",
 ]
-HYDE_DOCS = [
+HYDE_DOCS = [  # one per possible sample (horizon 8), so no hypothetical answer repeats
     "You may need to call your internet provider.",
     "Hold the reset button on the router for ten seconds, then log in with the default "
     "admin password printed on the label.",
     "Routers have lights that show their status.",
+    "Try restarting the router and your computer.",
+    "The admin password is printed on a label on the router.",
+    "Check that the network cable is plugged in.",
+    "A forgotten router password can be reset with the reset button.",
+    "Update the router firmware from the manufacturer's website.",
 ]
 
 
