@@ -60,7 +60,9 @@ class RewardError(BeaconError, ValueError):
         self.position = position
         self.value = value
         self.reason = reason
-        super().__init__(f"invalid reward at position {position}: {value!r} ({reason})")
+        # a position already in words (a prompt id and sample, from the CLI) reads as a place
+        where = position if isinstance(position, str) else f"position {position}"
+        super().__init__(f"invalid reward at {where}: {value!r} ({reason})")
 
 
 class StopperStateError(BeaconError, RuntimeError):

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 import beacon.families as families
-from beacon import BeaconConfig, ConfigError, Stopper, UnknownFamilyError
+from beacon import BeaconConfig, ConfigError, RewardError, Stopper, UnknownFamilyError
 from beacon.families import RewardFamily, available_families, get_family, register_family
 from beacon.families.bernoulli import BernoulliFamily
 from beacon.families.normal import NormalFamily
+from beacon.priors import NIGPrior
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +61,26 @@ def test_an_alias_does_not_rename_the_family() -> None:
     assert BernoulliFamily.name == "bernoulli"
     with pytest.raises(ConfigError, match="bernoulli family"):
         BeaconConfig(cost=2.0, horizon=8, family="coin")
+
+
+def test_a_subclass_registered_under_its_own_name_is_called_by_it() -> None:
+    """The built-in judge family is a BernoulliFamily subclass: its messages say "judge"."""
+    with pytest.raises(ConfigError, match="for the judge family"):
+        BeaconConfig(cost=1.0, horizon=8, family="judge")
+
+    class Coin(BernoulliFamily):  # inherits name = "bernoulli"
+        pass
+
+    register_family("coin2")(Coin)
+    assert Coin.name == "coin2" and BernoulliFamily.name == "bernoulli"
+    with pytest.raises(ConfigError, match="the coin2 family needs a BetaPrior"):
+        BeaconConfig(cost=0.1, horizon=8, family="coin2", prior=NIGPrior.jeffreys())
+
+
+def test_a_reward_error_at_a_named_place_reads_as_one() -> None:
+    assert str(RewardError(2, 42.0, "x")) == "invalid reward at position 2: 42.0 (x)"
+    named = RewardError("prompt 'q1' (record 1), sample 1", 1e300, "too large")
+    assert str(named).startswith("invalid reward at prompt 'q1' (record 1), sample 1: ")
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 The reference below shares no code with the builder (``beacon._kernels.tables``) and
 discretises the recursion of the paper's appendix "Computation of the h-index"
-(eq:compute_h_index with the errata of DESIGN.md section 4) differently:
+(eq:compute_h_index with the errata in docs/h_index.md, "The recursion") differently:
 
 * the continuation excess of stage ``j``, ``E_j(z, s) = (H_j(z; s h_j(z)) - s h_j(z)) /
   h_j(z)``, lives on a tensor grid: ``y = asinh(z)`` uniform (scipy cubic spline in ``y``)

@@ -1,10 +1,10 @@
 """h-index tables against an independent slow reference (scipy quad + brentq).
 
 The reference below shares no code with the builder: it integrates the Bellman recursion of the
-paper's appendix "Computation of the h-index" (eq:compute_h_index with the errata of DESIGN.md
-section 4) over the real line with ``scipy.integrate.quad`` and solves ``H(z; c) = c`` with
-``scipy.optimize``. Rows n-1 (closed form), n-2 (one quadrature) and n-3 (nested quadrature) are
-compared at grid points to 1e-6 relative.
+paper's appendix "Computation of the h-index" (eq:compute_h_index with the errata in
+docs/h_index.md, "The recursion") over the real line with ``scipy.integrate.quad`` and solves
+``H(z; c) = c`` with ``scipy.optimize``. Rows n-1 (closed form), n-2 (one quadrature) and n-3
+(nested quadrature) are compared at grid points to 1e-6 relative.
 """
 
 from __future__ import annotations

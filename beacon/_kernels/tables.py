@@ -2,8 +2,8 @@
 
 This module holds *all* numba code of the table machinery: Student-t special functions, the
 Bellman recursion of the paper's appendix "Computation of the h-index" (eq:compute_h_index, with
-the errata of DESIGN.md section 4), and the scalar lookup :func:`h_lookup` shared by the Python
-table object and the numba replay.
+the errata in docs/h_index.md, "The recursion"), and the scalar lookup :func:`h_lookup` shared
+by the Python table object and the numba replay.
 
 Mathematics (standardized coordinates, mu = 0, sigma = 1, after k rewards)
 --------------------------------------------------------------------------

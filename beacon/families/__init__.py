@@ -45,12 +45,13 @@ def register_family(name: str | type[RewardFamily] | None = None, /) -> Any:
 
     ``@register_family("mine")`` registers under ``"mine"``; ``@register_family()`` and the bare
     ``@register_family`` use the class attribute ``name``. A class without a ``name`` takes the
-    one it is registered under; a class that has one keeps it (it is what the family's error
-    messages say), so registering a class under a second name adds an alias without renaming
-    it. Registering a name twice replaces the earlier family (so a plugin can override a
-    built-in on purpose). A name that is not a non-empty string, a decorated object that is not
-    a concrete :class:`RewardFamily` subclass, or a class that cannot be instantiated without
-    arguments raises :class:`beacon.ConfigError` naming it.
+    one it is registered under, and so does a subclass that only inherits its base's ``name``
+    (its error messages then say its own name); a class that has its own ``name`` keeps it (it is
+    what the family's error messages say), so registering a class under a second name adds an
+    alias without renaming it. Registering a name twice replaces the earlier family (so a plugin
+    can override a built-in on purpose). A name that is not a non-empty string, a decorated
+    object that is not a concrete :class:`RewardFamily` subclass, or a class that cannot be
+    instantiated without arguments raises :class:`beacon.ConfigError` naming it.
     """
     if isinstance(name, type):
         return _register(name, None)
@@ -77,7 +78,7 @@ def _register(cls: F, name: str | None) -> F:
     key = name or cls.name
     if not (isinstance(key, str) and key.strip()):
         raise ConfigError("name", key, f"family class {cls.__name__} has no name; pass one")
-    if not cls.name:
+    if not cls.__dict__.get("name"):  # its own, not one inherited from a registered base
         cls.name = key
     _FAMILIES[key] = fam
     return cls
@@ -107,7 +108,7 @@ def _load_entry_points() -> None:
             _BROKEN[ep.name] = ConfigError(what, ep.value, f"failed to load: {exc!r}")
             _BROKEN[ep.name].__cause__ = exc
         else:
-            if not type(fam).name:
+            if not type(fam).__dict__.get("name"):
                 type(fam).name = ep.name
             _FAMILIES[ep.name] = fam
             continue

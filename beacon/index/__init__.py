@@ -2,8 +2,9 @@
 
 ``get_table(n, alpha0, nu0)`` returns an :class:`HTable` (memoised, disk-cached, shipped for
 the Jeffreys prior and n in {4, 8, 12, 16, 24, 32, 48, 64} with the precise recipe, otherwise
-built by the Bellman recursion of the paper's eq:compute_h_index with the errata of DESIGN.md
-section 4, with the standard recipe unless ``precise=True``; see :class:`Recipe`).
+built by the Bellman recursion of the paper's eq:compute_h_index with the errata in
+docs/h_index.md ("The recursion"), with the standard recipe unless ``precise=True``; see
+:class:`Recipe`).
 Importing this package does not import numba; the first lookup or build does.
 """
 

@@ -1,10 +1,10 @@
 """Building h-index tables by the Bellman recursion (appendix "Computation of the h-index").
 
-The recursion itself (eq:compute_h_index with the errata of DESIGN.md section 4: predictive with
-``2 alpha0 + k`` degrees of freedom, continuation term ``max(0, H_{n,k+1} - c/sigma_u)``, scale
-factor ``sqrt((1 - 1/(nu0+k+1)^2) / (2 alpha0 + k + 1))`` of eq. parameter_update) runs in
-:mod:`beacon._kernels.tables`; this module chooses the grid and the quadrature, validates the
-prior and wraps the result in an :class:`~beacon.index.table.HTable`.
+The recursion itself (eq:compute_h_index with the errata in docs/h_index.md, "The recursion":
+predictive with ``2 alpha0 + k`` degrees of freedom, continuation term ``max(0, H_{n,k+1} -
+c/sigma_u)``, scale factor ``sqrt((1 - 1/(nu0+k+1)^2) / (2 alpha0 + k + 1))`` of eq.
+parameter_update) runs in :mod:`beacon._kernels.tables`; this module chooses the grid and the
+quadrature, validates the prior and wraps the result in an :class:`~beacon.index.table.HTable`.
 
 Grid (see :func:`choose_grid` and docs/h_index.md): nodes ``z_i = a sinh(x_i)`` with ``x``
 uniform, ``a = GRID_SCALE``, step ``Recipe.dx`` in ``x``.
