@@ -149,6 +149,16 @@ def test_job_spec_round_trips_with_fitted_prior_and_transform() -> None:
     with pytest.raises(JobInputError) as e:
         JobSpec.from_dict({**spec.to_dict(), "sampling": {"tmeout": 1}})
     assert e.value.field == "sampling.tmeout"
+    # "false" from a hand-written JSON file must not switch candidates on
+    for bad in ("false", 1, None):
+        with pytest.raises(JobInputError) as e:
+            JobSpec.from_dict({**spec.to_dict(), "keep_candidates": bad})
+        assert e.value.field == "keep_candidates"
+    with pytest.raises(JobInputError):
+        JobSpec(spec.generator, spec.scorer, cfg, keep_candidates="no")  # type: ignore[arg-type]
+    np = __import__("numpy")
+    kept = JobSpec(spec.generator, spec.scorer, cfg, keep_candidates=np.bool_(True))
+    assert kept.to_dict()["keep_candidates"] is True
 
 
 def test_job_spec_sampling_takes_numpy_scalars_and_stores_json_numbers() -> None:
@@ -208,6 +218,66 @@ def test_writer_recovers_torn_tail_and_never_duplicates(tmp_path: Path) -> None:
     assert [r["key"] for r in rows] == ["a", "b", "c"] and rows[1]["v"] is None
 
 
+def test_writer_keeps_a_whole_last_record_that_lacks_its_newline(tmp_path: Path) -> None:
+    """A write torn just before its newline (or a hand-edited file) leaves a whole record:
+    it is a result, kept -- not cut off as a torn tail and paid for again."""
+    p = tmp_path / "out.jsonl"
+    p.write_bytes(b'{"key": "a", "ok": true}\n{"key": "b", "ok": true}')
+    with KeyedJsonlWriter(p) as w:
+        assert w.keys == {"a", "b"} and w.recovered_bytes == 0
+        assert not w.write({"key": "b", "ok": False}) and w.write({"key": "c", "ok": True})
+    assert [r["key"] for r in read_jsonl(p)] == ["a", "b", "c"]
+    assert p.read_bytes().count(b"\n") == 3
+    # A garbage line before it is corruption, refused (nothing is cut silently).
+    q = tmp_path / "q.jsonl"
+    q.write_bytes(b'{"key": "a"}\ngarbage\n{"key": "b"}')
+    with pytest.raises(OutputError, match="line 2"):
+        KeyedJsonlWriter(q).open()
+    # End to end: the rerun skips the prompt whose line lacked its newline.
+    prompts = _write_prompts(tmp_path / "prompts.jsonl", 3)
+    out = tmp_path / "run.jsonl"
+    run_job(prompts, _spec(), out)
+    out.write_bytes(out.read_bytes().rstrip(b"\n"))
+    s = run_job(prompts, _spec(), out)
+    assert (s.progress.skipped, s.progress.done, s.progress.samples) == (3, 0, 0)
+    assert len(_keys_once(out)) == 3
+
+
+_FULL_DISK = """
+import os, resource, signal, sys
+from beacon.jobs import KeyedJsonlWriter
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: write() fails with EFBIG
+path, limit = sys.argv[1], int(sys.argv[2])
+w = KeyedJsonlWriter(path).open()
+w.write({"key": "a", "text": "x" * 10})
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # the disk is (nearly) full
+try:
+    w.write({"key": "b", "text": "y" * 5000})
+except OSError as exc:
+    print("failed:", exc.errno)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space was freed
+w.write({"key": "c", "text": "z"})
+w.close()
+"""
+
+
+def test_writer_cuts_off_the_partial_line_of_a_failed_write(tmp_path: Path) -> None:
+    """A record written half-way (the disk filled up) is cut off at once, so the next record,
+    written once space is free again, is not glued to it (a corrupt or lost line)."""
+    import errno
+
+    p = tmp_path / "out.jsonl"
+    res = subprocess.run([sys.executable, "-c", _FULL_DISK, str(p), "1000"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"failed: {errno.EFBIG}"
+    assert p.read_bytes().count(b"\n") == 2
+    with KeyedJsonlWriter(p) as w:
+        assert w.keys == {"a", "c"} and w.recovered_bytes == 0
+    assert [r["key"] for r in read_jsonl(p)] == ["a", "c"]
+
+
 def test_writer_refuses_corruption_in_the_middle_and_a_second_writer(tmp_path: Path) -> None:
     p = tmp_path / "out.jsonl"
     p.write_text('{"key": "a"}\ngarbage\n{"key": "b"}\n')
@@ -228,6 +298,12 @@ def test_writer_compaction_is_atomic_and_frees_keys(tmp_path: Path) -> None:
         assert "k1" not in w and w.write({"key": "k1", "ok": True})
     assert [r["key"] for r in read_jsonl(p)] == ["k0", "k2", "k4", "k1"]
     assert not list(tmp_path.glob(".*.tmp"))
+    # A compaction that fails half-way (here: its filter; in life a Ctrl-C, a full disk)
+    # leaves the output as it was and no partial temporary copy behind.
+    before = p.read_bytes()
+    with KeyedJsonlWriter(p) as w, pytest.raises(ZeroDivisionError):
+        w.compact(lambda r: 1 / (r["key"] != "k4") > 0)
+    assert p.read_bytes() == before and not list(tmp_path.glob(".*.tmp"))
 
 
 def test_dpo_record_skips_equal_rewards_and_reports_margin(tmp_path: Path) -> None:
@@ -577,6 +653,47 @@ def test_dpo_pairs_for_prompts_finished_by_an_earlier_run_without_dpo(tmp_path: 
     assert (out2.read_bytes(), dpo2.read_bytes()) == before
 
 
+def test_no_dpo_rerun_refuses_paid_reruns_and_counts_the_missing_pairs(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+
+    prompts = _write_prompts(tmp_path / "p.jsonl", 12)
+    out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
+    run_job(prompts, _spec(), out)  # no --dpo, no candidates: the pairs cannot be rebuilt
+    missing = _pair_keys(out)
+    assert missing
+    before = out.read_bytes()
+    s = run_job(prompts, _spec(), out, dpo=dpo, dpo_rerun=False)
+    p = s.progress
+    assert (p.dpo_missing, p.dpo_rerun, p.done, p.samples, p.skipped) == (len(missing), 0, 0, 0,
+                                                                         12)
+    assert s.to_dict()["dpo_missing"] == len(missing) and s.exit_code == 0
+    assert out.read_bytes() == before and list(read_jsonl(dpo)) == []
+    with pytest.raises(beacon.ConfigError, match="dpo_rerun"):
+        run_job(prompts, _spec(), out, dpo=dpo, dpo_rerun="no")
+    args = ["run", str(prompts), "-g", "beacon.demo:generator", "-s", "beacon.demo:scorer",
+            "--generator-kwargs", '{"seed": 1}', "--scorer-kwargs", '{"seed": 1}', "--cost",
+            "0.05", "--horizon", "16", "--out", str(out)]
+    res = CliRunner().invoke(app, [*args, "--no-dpo-rerun"])
+    assert res.exit_code == 2 and "--no-dpo-rerun needs --dpo" in res.output, res.output
+    res = CliRunner().invoke(app, [*args, "--dpo", str(dpo), "--no-dpo-rerun", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert (summary["dpo_missing"], summary["dpo_rerun"], summary["done"]) == (len(missing), 0, 0)
+    res = CliRunner().invoke(app, [*args, "--dpo", str(dpo), "--no-dpo-rerun"])
+    assert res.exit_code == 0, res.output
+    assert f"{len(missing)} left without their DPO pair" in res.stdout, res.output
+    assert "without --no-dpo-rerun" in res.stderr, res.output
+    assert out.read_bytes() == before and list(read_jsonl(dpo)) == []
+    # Without the flag the reruns happen: every pair is written, output and pairs agree.
+    s = run_job(prompts, _spec(), out, dpo=dpo)
+    assert (s.progress.dpo_rerun, s.progress.dpo_missing, s.progress.done) == (
+        len(missing), 0, len(missing))
+    assert {q["key"] for q in read_jsonl(dpo)} == _pair_keys(out)
+    assert max(_keys_once(out).values()) == 1 and len(_keys_once(out)) == 12
+
+
 def test_dpo_pair_left_without_its_output_line_is_replaced_by_the_rerun(tmp_path: Path) -> None:
     prompts = _write_prompts(tmp_path / "p.jsonl", 8)
     out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
@@ -644,6 +761,18 @@ def test_repeated_lines_count_as_duplicates_and_bad_line_lists_every_line(tmp_pa
     assert prompt_key(PromptRecord(0, "a"), _spec()) == "bdd7100cfcacc917965875a45cab6e15"
 
 
+def test_bad_records_sharing_a_long_prefix_are_not_taken_for_repeats(tmp_path: Path) -> None:
+    """Templated prompts share long preambles: two different bad records are two errors."""
+    preamble = "You are a careful assistant. " * 100  # > 2000 characters
+    recs = [{"prompt": preamble + f"question {i}", "id": i, "bogus": 1} for i in range(2)]
+    out = tmp_path / "out.jsonl"
+    s = run_job(recs, _spec(), out)
+    assert (s.progress.failed, s.progress.duplicates) == (2, 0)
+    rows = list(read_jsonl(out))
+    assert sorted(r["lines"] for r in rows) == [[1], [2]]
+    assert all(r["error"]["field"] == "bogus" for r in rows)
+
+
 def test_rerun_retries_only_this_jobs_failed_lines(tmp_path: Path) -> None:
     job_a = _write_prompts(tmp_path / "a.jsonl", 3, ["{not json"])
     out = tmp_path / "out.jsonl"
@@ -687,6 +816,100 @@ def test_progress_callback_error_loses_no_result(tmp_path: Path) -> None:
     assert {p["key"] for p in read_jsonl(dpo)} == _pair_keys(out)
     s = run_job(prompts, _spec(), out, dpo=dpo)
     assert s.progress.skipped == 4 and s.progress.done == 8 and s.exit_code == 0
+
+
+@pytest.mark.parametrize("where", ["loop", "task"])
+@pytest.mark.parametrize("how", ["KeyboardInterrupt", "CancelledError", "cancel"])
+def test_progress_callback_is_never_called_after_an_interruption(tmp_path: Path, how: str,
+                                                                 where: str) -> None:
+    """Ctrl-C or a cancellation raised in the callback (or the callback cancelling the run)
+    interrupts the run; the callback is not called again, not even for the final state."""
+    prompts = _write_prompts(tmp_path / "p.jsonl", 12)
+    out, dpo = tmp_path / "out.jsonl", tmp_path / "dpo.jsonl"
+    interrupted: list[str] = []
+    before: list[JobProgress] = []
+    after: list[JobProgress] = []  # calls once the interruption happened
+
+    async def main() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+
+        def progress(p: JobProgress) -> None:
+            (after if interrupted else before).append(p)
+            # "loop": while the runner starts prompts; "task": when a prompt is written
+            hit = (p.in_flight == 4 and p.done == 0) if where == "loop" else p.done == 2
+            if interrupted or not hit:
+                return
+            interrupted.append(how)
+            if how == "KeyboardInterrupt":
+                raise KeyboardInterrupt
+            if how == "CancelledError":
+                raise asyncio.CancelledError
+            me.cancel()
+
+        await arun_job(prompts, _spec(), out, dpo=dpo, concurrency=4, progress=progress)
+
+    expected = KeyboardInterrupt if how == "KeyboardInterrupt" else asyncio.CancelledError
+    with pytest.raises(expected):
+        asyncio.run(main())
+    assert interrupted and before and after == []
+    rows = list(read_jsonl(out)) if out.exists() else []
+    assert len(rows) < 12 and all(r["ok"] for r in rows)
+    assert {p["key"] for p in read_jsonl(dpo)} == _pair_keys(out)
+    s = run_job(prompts, _spec(), out, dpo=dpo)
+    assert s.progress.skipped == len(rows) and s.progress.done == 12 - len(rows)
+    assert max(_keys_once(out).values()) == 1 and len(_keys_once(out)) == 12
+
+
+def test_interruption_during_the_resume_rewrite_waits_for_it(tmp_path: Path) -> None:
+    """Ctrl-C while a rerun rewrites the output (dropping this job's failed lines) in a
+    thread: the writers are not closed under that thread; the rewrite finishes first."""
+    import fcntl
+    import threading
+
+    out = tmp_path / "out.jsonl"
+    recs = [{"id": i, "prompt": f"rewrite {i}"} for i in range(3)] + [{"id": "no prompt"}]
+    assert run_job(recs, _spec(), out).progress.failed == 1
+
+    def locked() -> bool:
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    seen: list[bool] = []
+
+    async def main() -> None:
+        loop, me = asyncio.get_running_loop(), asyncio.current_task()
+        assert me is not None
+
+        async def nothing() -> None:
+            return None
+
+        def records() -> Any:
+            # Read by the resume planner in its thread (a one-shot iterable must be listed).
+            assert threading.current_thread() is not threading.main_thread()
+            yield from recs
+            loop.call_soon_threadsafe(me.cancel)
+            for _ in range(3):  # the loop has delivered the cancellation and run on since
+                asyncio.run_coroutine_threadsafe(nothing(), loop).result()
+            seen.append(locked())  # the output is still open (flock held) for the rewrite
+
+        await arun_job(records(), _spec(), out)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    assert seen == [True]
+    assert not list(tmp_path.glob(".*.tmp"))
+    rows = list(read_jsonl(out))
+    assert len(rows) == 3 and all(r["ok"] for r in rows)  # the failed line was dropped
+    s = run_job(recs, _spec(), out)
+    assert (s.progress.skipped, s.progress.failed) == (3, 1)
+    assert max(_keys_once(out).values()) == 1
 
 
 # -- CLI (subprocesses: real Ctrl-C and SIGKILL) ---------------------------------------------

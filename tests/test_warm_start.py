@@ -141,6 +141,27 @@ def test_resumed_job_reseeds_the_fit_from_the_output(tmp_path: Path) -> None:
     assert len(new) == 8 and new[0]["prior"] == expect
 
 
+def test_resumed_job_is_not_seeded_from_other_jobs_lines_in_the_output(tmp_path: Path) -> None:
+    """Another job (another scorer, other prompts) shares the output: its rewards are not
+    this job's history and must not enter the fit."""
+    out = tmp_path / "out.jsonl"
+    other = JobSpec(_spec().generator, FactorySpec("beacon.demo:scorer", {"seed": 9}),
+                    _spec().config)
+    run_job(_prompts(tmp_path / "other.jsonl", range(100, 130)), other, out)
+    mine = _prompts(tmp_path / "mine.jsonl", range(8))
+    run_job(mine, _spec(), out, concurrency=2)
+    own = [r for r in read_jsonl(out) if r["id"] < 100]
+    s = run_job(mine, _spec(), out, warm_start=WarmStart(min_prompts=5))
+    assert s.progress.skipped == 8 and s.warm_start is not None
+    expect = fit_prior([r["rewards"] for r in own], "normal").to_dict()
+    assert [(h["prompts"], h["prior"]) for h in s.warm_start] == [(8, expect)]
+    # The same from a one-shot iterable of records.
+    recs = [json.loads(x) for x in mine.read_text().splitlines()]
+    s = run_job((r for r in recs), _spec(), out, warm_start=WarmStart(min_prompts=5))
+    assert s.progress.skipped == 8 and s.progress.total == 8 and s.warm_start is not None
+    assert [(h["prompts"], h["prior"]) for h in s.warm_start] == [(8, expect)]
+
+
 def test_cli_run_warm_start(tmp_path: Path) -> None:
     p = _prompts(tmp_path / "p.jsonl", range(16))
     out = tmp_path / "o.jsonl"

@@ -203,6 +203,44 @@ def test_submit_checks_every_argument_before_creating_the_job(tier: SimpleNamesp
     assert e.value.field == "items[1]"
 
 
+def test_cli_output_options_are_checked_before_anything_is_sent_or_awaited(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """--out / --dpo that would be ignored or fail late are usage errors (exit 2) up front:
+    no job is created, no wait starts."""
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+    from worker.state import UnknownJobError
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": 1, "prompt": "a"}) + "\n")
+    job_id = f"{PREFIX}-cli-options"
+    submit = ["submit", str(prompts), "-g", "beacon.demo:generator", "-s", "beacon.demo:scorer",
+              "--job-id", job_id]
+    out = tmp_path / "out.jsonl"
+    runner = CliRunner()
+    for extra, option, says in (
+        (["--out", str(out)], "--out", "--out needs --wait"),
+        (["--out", str(out), "--dpo", str(tmp_path / "d.jsonl")], "--out", "needs --wait"),
+        (["--wait", "--dpo", str(tmp_path / "d.jsonl")], "--dpo", "--dpo needs --out"),
+        (["--wait", "--out", str(tmp_path)], "--out", "is a directory"),
+    ):
+        res = runner.invoke(app, [*submit, *extra])
+        assert res.exit_code == 2 and option in res.output and says in res.output, res.output
+        with pytest.raises(UnknownJobError):
+            tier.store.meta(job_id)  # nothing was submitted
+    assert not out.exists()
+    # collect: checked before the job is looked up or awaited
+    for extra, option, says in (
+        (["--out", str(tmp_path)], "--out", "is a directory"),
+        (["--out", str(out), "--dpo", str(out), "--wait"], "--dpo", "must be different files"),
+        (["--out", str(out), "--dpo", str(tmp_path)], "--dpo", "is a directory"),
+    ):
+        res = runner.invoke(app, ["collect", f"{PREFIX}-no-such-job", *extra])
+        assert res.exit_code == 2 and option in res.output and says in res.output, res.output
+
+
 def test_submit_counts_repeated_lines_and_a_bad_line_lists_every_line(
     tier: SimpleNamespace, tmp_path: Path
 ) -> None:
@@ -254,6 +292,46 @@ def test_collect_writes_pairs_of_lines_collected_earlier_and_keeps_other_jobs_li
     assert (again.written, again.dpo_written) == (0, 0)
     assert (out.read_bytes(), dpo.read_bytes()) == before
     assert other in list(read_jsonl(out))  # another job's failed line is left alone
+    # The same keys written by another run of the job (e.g. `beacon run` of the same prompts
+    # and spec drew other responses): the tier's pair would not match the line; not written.
+    out2, dpo2 = tmp_path / "out2.jsonl", tmp_path / "dpo2.jsonl"
+    mine = sorted(pairs)[0]
+    out2.write_text("".join(json.dumps({**r, "best": "another draw", "reward": 99.0}
+                                       if r["key"] == mine else r) + "\n" for r in rows))
+    c = tier.collect(tier.store, job_id, out2, dpo=dpo2)
+    assert (c.written, c.dpo_written, c.dpo_foreign) == (0, len(pairs) - 1, 1)
+    assert {p["key"] for p in read_jsonl(dpo2)} == set(pairs) - {mine}
+    assert c.to_dict()["dpo_foreign"] == 1
+
+
+def test_collect_replaces_an_error_line_when_the_retried_prompt_failed_again(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    job_id = f"{PREFIX}-collect-errors"
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    tier.store.create(job_id, spec.to_dict(), source="p.jsonl")
+    keys = ["a" * 32, "b" * 32]
+    tier.store.add_prompts(job_id, [(k, {"record": {"id": i}, "line": i + 1})
+                                    for i, k in enumerate(keys)])
+
+    def err(key: str, message: str) -> dict[str, Any]:
+        return {"record": {"key": key, "id": key[0], "line": 1, "ok": False,
+                           "error": {"type": "NoSample", "message": message}}, "dpo": None}
+
+    for k in keys:
+        tier.store.store_error(job_id, k, err(k, "rate limited"))
+    out = tmp_path / "out.jsonl"
+    assert tier.collect(tier.store, job_id, out).written == 2
+    # submit --retry-failed: the first prompt fails again, for another reason
+    tier.store.store_error(job_id, keys[0], err(keys[0], "context too long"))
+    c = tier.collect(tier.store, job_id, out)
+    assert (c.replaced_errors, c.written) == (1, 1)
+    msgs = {r["key"]: r["error"]["message"] for r in read_jsonl(out)}
+    assert msgs == {keys[0]: "context too long", keys[1]: "rate limited"}
+    before = out.read_bytes()
+    again = tier.collect(tier.store, job_id, out)
+    assert (again.replaced_errors, again.written) == (0, 0) and out.read_bytes() == before
 
 
 # -- a few hundred prompts, the fitted config travels, bad lines fail alone --
@@ -449,6 +527,35 @@ def test_lost_messages_are_found_and_resent_exactly_once(tier: SimpleNamespace,
     tier.collect(tier.store, res.job_id, out_file)
     ids = Counter(json.loads(x)["id"] for x in out_file.read_text().splitlines())
     assert set(ids) == set(range(n)) and max(ids.values()) == 1
+
+
+def test_backstop_partial_result_keeps_rewards_candidates_and_its_dpo_pair(
+    tier: SimpleNamespace
+) -> None:
+    """The line stored when Celery's backstop limit fires has the usual fields (rewards in draw
+    order, candidates when kept) and the DPO pair of the samples seen: paid samples are not
+    lost, and the pair's chosen side is the line's best."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from beacon.events import SampleEvent
+    from beacon.jobs import PromptRecord
+    from worker.tasks import _partial_outcome
+
+    rec = PromptRecord("q", "a prompt", metadata={"src": "t"}, line=3)
+    events = [SampleEvent(1, 0, 0.5, "mid", False), SampleEvent(1, 1, None, "", True, "boom"),
+              SampleEvent(2, 2, 0.9, "top", False), SampleEvent(3, 3, 0.1, "low", False)]
+    o = _partial_outcome("k" * 32, rec, events, SoftTimeLimitExceeded(), keep_candidates=True)
+    r = o.record
+    assert r["ok"] and (r["best"], r["reward"], r["best_index"]) == ("top", 0.9, 2)
+    assert r["rewards"] == [0.5, None, 0.9, 0.1] and (r["n_samples"], r["n_failed"]) == (3, 1)
+    assert [c["text"] for c in r["candidates"]] == ["mid", "", "top", "low"]
+    assert r["metadata"] == {"src": "t"} and r["stop_reason"] == "budget"
+    assert o.dpo is not None
+    assert (o.dpo["chosen"], o.dpo["rejected"], o.dpo["key"]) == ("top", "low", "k" * 32)
+    one = _partial_outcome("k" * 32, rec, events[:1], SoftTimeLimitExceeded())
+    assert one.ok and one.dpo is None and "candidates" not in one.record
+    none = _partial_outcome("k" * 32, rec, events[1:2], SoftTimeLimitExceeded())
+    assert not none.ok and none.dpo is None
 
 
 # -- time limit keeps the partial result; a disallowed job-level factory fails every prompt --

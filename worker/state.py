@@ -241,6 +241,14 @@ class JobStore:
         flags = pipe.execute()
         return [(bool(flags[2 * i]), bool(flags[2 * i + 1])) for i in range(len(keys))]
 
+    def error_records(self, job_id: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """The stored error line of each of ``keys`` that has one, in one round trip."""
+        if not keys:
+            return {}
+        raw = self.r.hmget(self._k(job_id, "errors"), keys)
+        return {k: json.loads(v)["record"] for k, v in zip(keys, raw, strict=True)
+                if v is not None}
+
     def unfinished(self, job_id: str, *, include_failed: bool = False
                    ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Prompts without a result (and, unless ``include_failed``, without an error)."""
@@ -268,16 +276,20 @@ class JobStore:
 
 @dataclass(frozen=True)
 class CollectResult:
-    """``written`` / ``dpo_written``: lines added now; ``status``: the job's counts."""
+    """``written`` / ``dpo_written``: lines added now; ``status``: the job's counts;
+    ``dpo_foreign``: pairs not written because the prompt's line in ``out`` holds another
+    draw (written by another run of the same prompt and spec, e.g. ``beacon run``)."""
 
     written: int
     dpo_written: int
     replaced_errors: int
     status: JobStatus
+    dpo_foreign: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"written": self.written, "dpo_written": self.dpo_written,
-                "replaced_errors": self.replaced_errors, **self.status.to_dict()}
+                "replaced_errors": self.replaced_errors, "dpo_foreign": self.dpo_foreign,
+                **self.status.to_dict()}
 
 
 def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Path | None = None,
@@ -286,31 +298,50 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
 
     Each key is written at most once (:class:`~beacon.jobs.output.KeyedJsonlWriter`); an error
     line written by an earlier collect is replaced (atomic rewrite) once the prompt has
-    succeeded on a retry; lines of other jobs in ``out`` are left alone. DPO lines are written
-    before output lines, as in the local runner, and a pair missing from ``dpo`` is written
-    even when its output line was collected earlier (e.g. by a collect without ``dpo``).
+    succeeded on a retry, or failed again with another error; lines of other jobs in ``out``
+    are left alone. DPO lines are written before output lines, as in the local runner, and a
+    pair missing from ``dpo`` is written even when its output line was collected earlier (e.g.
+    by a collect without ``dpo``) -- unless that line holds another draw of the prompt (the
+    same key written by another run, e.g. ``beacon run`` of the same prompts and spec): a pair
+    always comes from its line's draw, so such pairs are counted in ``dpo_foreign`` instead.
     """
     from beacon.jobs.dpo import DpoWriter
     from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
 
     store.status(job_id)  # raises UnknownJobError before any file is touched
-    written = dpo_written = 0
+    written = dpo_written = foreign = 0
     with KeyedJsonlWriter(out, fsync=fsync) as out_w:
-        failed_here = [str(rec["key"]) for rec in read_jsonl(out) if rec.get("ok") is False]
+        failed_here: dict[str, dict[str, Any]] = {}  # error lines already there, by key
+        drawn: dict[str, tuple[Any, Any]] = {}  # ok lines already there: key -> (best, reward)
+        for rec in read_jsonl(out):
+            if rec.get("ok") is False:
+                failed_here[str(rec["key"])] = rec
+            elif dpo is not None and rec.get("ok") is True:
+                drawn[str(rec["key"])] = (rec.get("best"), rec.get("reward"))
         replaced = 0
         if failed_here:
-            flags = store.outcome_flags(job_id, failed_here)
-            now_ok = {k for k, (has_res, _) in zip(failed_here, flags, strict=True) if has_res}
-            if now_ok:
+            keys = list(failed_here)
+            flags = store.outcome_flags(job_id, keys)
+            now_ok = {k for k, (has_res, _) in zip(keys, flags, strict=True) if has_res}
+            # A prompt retried (submit --retry-failed) that failed again: its line says why
+            # it failed last, not the first time.
+            latest = store.error_records(job_id, [k for k in keys if k not in now_ok])
+            redo = now_ok | {k for k, rec in latest.items() if rec != failed_here[k]}
+            if redo:
                 replaced = len(out_w.compact(
-                    lambda rec: not (rec.get("ok") is False and rec.get("key") in now_ok)))
+                    lambda rec: not (rec.get("ok") is False and rec.get("key") in redo)))
         dpo_w = DpoWriter(dpo, fsync=fsync).open() if dpo is not None else None
         try:
             for key, payload in store.iter_results(job_id):
                 # The pair too when the line is already there (collected earlier without
                 # --dpo, or cut off by an interruption): the DPO writer keeps one per key.
                 if dpo_w is not None and payload.get("dpo") is not None:
-                    dpo_written += int(dpo_w.write(payload["dpo"]))
+                    line = payload["record"]
+                    there = drawn.get(key)
+                    if there is None or there == (line.get("best"), line.get("reward")):
+                        dpo_written += int(dpo_w.write(payload["dpo"]))
+                    elif key not in dpo_w:
+                        foreign += 1
                 if key not in out_w:
                     written += int(out_w.write(payload["record"]))
             for key, payload in store.iter_errors(job_id):
@@ -319,4 +350,4 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
         finally:
             if dpo_w is not None:
                 dpo_w.close()
-    return CollectResult(written, dpo_written, replaced, store.status(job_id))
+    return CollectResult(written, dpo_written, replaced, store.status(job_id), foreign)

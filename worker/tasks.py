@@ -46,6 +46,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from beacon._checks import boolean, positive_int
 from beacon.events import BeaconEvent, SampleEvent
+from beacon.jobs.dpo import dpo_record
 from beacon.jobs.execute import (
     FactoryCache,
     Outcome,
@@ -63,6 +64,7 @@ from beacon.jobs.spec import (
     PromptRecord,
     canonical_json,
 )
+from beacon.result import BeaconResult, Candidate
 from worker.app import app, settings
 from worker.config import is_redis_url
 from worker.state import JobStore
@@ -236,23 +238,35 @@ def _job_spec(job_id: str, spec: str | dict[str, Any]) -> JobSpec:
 
 
 def _partial_outcome(key: str, record: PromptRecord, events: list[BeaconEvent],
-                     exc: BaseException) -> Outcome:
-    """The best sample an observer saw before the backstop time limit hit."""
-    samples = [e for e in events if isinstance(e, SampleEvent) and not e.failed
-               and e.reward is not None and math.isfinite(e.reward)]
-    if not samples:
+                     exc: BaseException, *, keep_candidates: bool = False) -> Outcome:
+    """The best sample an observer saw before the backstop time limit hit, as a line of the
+    usual format (``rewards`` in draw order, ``candidates`` when the job keeps them) and the
+    DPO pair of the samples seen, so no paid sample's pair is lost."""
+    seen: dict[int, Candidate] = {}
+    for e in events:
+        if isinstance(e, SampleEvent) and e.index not in seen:
+            ok = not e.failed and e.reward is not None and math.isfinite(e.reward)
+            seen[e.index] = Candidate(e.index, e.text, e.reward if ok else None,
+                                      failed=not ok, error=e.error)
+    res = BeaconResult(record.prompt, [seen[i] for i in sorted(seen)])
+    best = res.best
+    if best is None:
         why = TimeoutError(f"task time limit ({settings.celery_soft_time_limit:g} s) hit before "
                            f"any sample was scored ({type(exc).__name__})")
         return Outcome(key, error_record(key, record, why), None)
-    best = max(samples, key=lambda e: (e.reward, -e.index))
-    return Outcome(key, {
+    out: dict[str, Any] = {
         "key": key, "id": record.id, "line": record.line, "ok": True, "best": best.text,
-        "reward": best.reward, "best_index": best.index, "n_samples": len(samples),
-        "n_failed": sum(1 for e in events if isinstance(e, SampleEvent) and e.failed),
+        "reward": best.reward, "best_index": best.index, "n_samples": len(res.scored),
+        "n_failed": res.n_failed, "rewards": [c.reward for c in res.candidates],
         "stop_reason": "budget", "usage": None,
         "error": {"type": type(exc).__name__,
                   "message": "task time limit hit; partial result (best sample so far)"},
-    }, None)
+    }
+    if record.metadata is not None:
+        out["metadata"] = dict(record.metadata)
+    if keep_candidates:
+        out["candidates"] = [c.to_dict() for c in res.candidates]
+    return Outcome(key, out, dpo_record(key, record.id, record.prompt, res.preference_pair()))
 
 
 @app.task(  # type: ignore[untyped-decorator]
@@ -303,7 +317,7 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
             fut.cancel()
             with contextlib.suppress(BaseException):  # we only wait for the cancellation
                 fut.result(timeout=5)
-        outcome = _partial_outcome(key, rec, events, exc)
+        outcome = _partial_outcome(key, rec, events, exc, keep_candidates=job.keep_candidates)
     except TRANSIENT_ERRORS:
         raise  # autoretry with backoff and jitter
     except Exception as exc:

@@ -314,6 +314,14 @@ def _check_outputs(prompts: Path, out: Path, dpo: Path | None) -> None:
         usage_error("PROMPTS, --out and --dpo must be three different files", "--out")
 
 
+def _check_collect_files(out: Path, dpo: Path | None) -> None:
+    for path, option in ((out, "--out"), (dpo, "--dpo")):
+        if path is not None and path.is_dir():
+            usage_error(f"{str(path)!r} is a directory; give a JSONL file path", option)
+    if dpo is not None and dpo.resolve() == out.resolve():
+        usage_error("--out and --dpo must be different files", "--dpo")
+
+
 def _local_allow_list(spec: JobSpec) -> tuple[str, ...]:
     # The command line names the job's own factories (trusted: the user typed them); a prompt
     # line may only override them with modules allowed here, so a prompts file from elsewhere
@@ -334,6 +342,7 @@ def _summary_line(counts: dict[str, Any], reasons: Counter[str]) -> str:
             ("duplicates", "duplicate line(s)"),
             ("dpo_rebuilt", "DPO pair(s) rebuilt from kept candidates"),
             ("dpo_rerun", "rerun for their missing DPO pair"),
+            ("dpo_missing", "left without their DPO pair (--no-dpo-rerun)"),
         )
         if counts[name]
     )
@@ -381,6 +390,15 @@ def run_command(
         bool,
         typer.Option(
             "--retry-failed/--no-retry-failed", help="Rerun prompts whose earlier line failed."
+        ),
+    ] = True,
+    dpo_rerun: Annotated[
+        bool,
+        typer.Option(
+            "--dpo-rerun/--no-dpo-rerun",
+            help="With --dpo on an existing --out: rerun (paid model calls) the prompts whose "
+            "DPO pair is missing and cannot be rebuilt because their lines kept no candidates. "
+            "--no-dpo-rerun leaves them without a pair (counted as dpo_missing).",
         ),
     ] = True,
     fsync: Annotated[
@@ -439,6 +457,8 @@ def run_command(
     ws = None
     if warm_start_transform is not None and not warm_start:
         usage_error("--warm-start-transform needs --warm-start", "--warm-start-transform")
+    if not dpo_rerun and dpo is None:
+        usage_error("--no-dpo-rerun needs --dpo", "--no-dpo-rerun")
     if warm_start_wait and not warm_start:
         usage_error("--warm-start-wait needs --warm-start", "--warm-start-wait")
     if warm_start:
@@ -502,6 +522,7 @@ def run_command(
                     allowed=_local_allow_list(spec),
                     progress=on_progress,
                     retry_failed=retry_failed,
+                    dpo_rerun=dpo_rerun,
                     fsync=fsync,
                     warm_start=ws,
                 )
@@ -522,6 +543,7 @@ def run_command(
         "kept_failed": state.kept_failed,
         "dpo_rebuilt": state.dpo_rebuilt,
         "dpo_rerun": state.dpo_rerun,
+        "dpo_missing": state.dpo_missing,
         "elapsed": time.perf_counter() - t0,
         "interrupted": interrupted,
         "out": str(out),
@@ -553,6 +575,14 @@ def run_command(
                 f'"ok": false in {out} (rerun'
                 + (" without --no-retry-failed" if state.kept_failed else "")
                 + " to retry them).",
+                markup=False,
+            )
+        if state.dpo_missing:
+            err_console.print(
+                f"{state.dpo_missing} prompt(s) have no DPO pair in {dpo}: their lines in {out} "
+                "were written without --dpo and kept no candidates, so the pair needs a new "
+                "draw. Rerun without --no-dpo-rerun to run them again (paid model calls) and "
+                "write their pairs.",
                 markup=False,
             )
     if interrupted or state.failed or state.kept_failed:
@@ -674,8 +704,15 @@ def submit_command(
     BEACON_STATE_URL. Submitting the same file and spec again resends only unfinished prompts.
     """
     check_input_file(prompts, "PROMPTS")
+    # --out / --dpo are written only by --wait: without it they would be silently ignored.
+    if out is not None and not wait:
+        usage_error("--out needs --wait (or collect later: beacon collect JOB --out FILE)",
+                    "--out")
+    if dpo is not None and out is None:
+        usage_error("--dpo needs --out (and --wait)", "--dpo")
     if out is not None:
         _check_outputs(prompts, out, dpo)
+        _check_collect_files(out, dpo)
     spec = _job_spec(locals())
     import redis
 
@@ -824,14 +861,13 @@ def collect_command(
     """
     from worker.state import collect_job
 
+    _check_collect_files(out, dpo)  # before waiting: a usage error must not come hours late
     store = _store()
     st = (
         _wait(store, job, timeout=wait_timeout, quiet=as_json)
         if wait
         else _status_or_exit(store, job)
     )
-    if dpo is not None and dpo.resolve() == out.resolve():
-        usage_error("--out and --dpo must be different files", "--dpo")
     c = collect_job(store, job, out, dpo=dpo)
     st = c.status
     purged = False
@@ -847,6 +883,13 @@ def collect_command(
             + f"; {st.done} done, {st.failed} failed, {st.pending} pending",
             markup=False,
         )
+        if c.dpo_foreign:
+            err_console.print(
+                f"{c.dpo_foreign} pair(s) not written to {dpo}: the lines of those prompts in "
+                f"{out} come from another run of them (e.g. beacon run), and a pair must come "
+                "from its line's draw; 'beacon run' with --dpo into the same files writes them.",
+                markup=False,
+            )
     if st.failed or st.pending:
         raise typer.Exit(EXIT_FAILURE)
 

@@ -10,21 +10,24 @@ output first and skipped when present, so rerunning the same command after Ctrl-
 kill continues where it stopped; prompts in flight at the interruption are simply run again.
 With ``warm_start`` the population prior is refitted from the job's own finished prompts as it
 runs (:mod:`beacon.jobs.warm_start`); each output line then names the prior it ran with, and a
-resumed run re-seeds the fit from the rewards already in the output.
+resumed run re-seeds the fit from the rewards of the job's prompts already in the output (not
+from lines of other jobs sharing it).
 
 Failed prompts (``ok: false``) of this job are retried on a rerun unless ``retry_failed=False``:
 their lines are removed first by an atomic rewrite, so no key ever appears twice; failed lines of
 other jobs sharing the output are left alone. Kept failed lines (``retry_failed=False``) are
 counted as ``kept_failed`` and make the exit code 1. With ``dpo``, every ok prompt of the job
 that has a preference ends with exactly one pair, also prompts finished by an earlier run without
-``dpo`` (:mod:`beacon.jobs.resume`). The DPO line of a prompt is written before its output line;
-a pair left without its output line by an interruption is dropped and the rerun writes the pair
-of its new result.
+``dpo`` (:mod:`beacon.jobs.resume`), unless ``dpo_rerun=False`` refuses the paid reruns of those
+whose pair cannot be rebuilt (they are counted in ``dpo_missing``). The DPO line of a prompt is
+written before its output line; a pair left without its output line by an interruption is
+dropped and the rerun writes the pair of its new result.
 
 A repeated input line (the same prompt, or the same bad line) is counted in ``duplicates`` and
 run or reported once; the error line of a bad input line lists every line number it occurs on
 (``lines``). An exception raised by the ``progress`` callback starts no further prompt: the prompts
-in flight finish and are written, then the exception is raised (rerun to resume).
+in flight finish and are written, then the exception is raised (rerun to resume). Once the
+callback has raised, or the run is interrupted (Ctrl-C, cancellation), it is not called again.
 """
 
 from __future__ import annotations
@@ -35,14 +38,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from os import PathLike, fspath
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from beacon._checks import boolean, positive_int
 from beacon._sync import run_sync
 from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
 from beacon.jobs.execute import Outcome, PromptExecutor, line_error_record, prepare_config
-from beacon.jobs.keys import InputKeys
+from beacon.jobs.keys import InputKeys, record_key
 from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
 from beacon.jobs.resume import resume_outputs
 from beacon.jobs.spec import (
@@ -54,6 +57,8 @@ from beacon.jobs.spec import (
     normalize_allow_list,
 )
 from beacon.jobs.warm_start import WarmStart, WarmStarter, seed_rewards
+
+T = TypeVar("T")
 
 __all__ = ["JobProgress", "JobSummary", "arun_job", "count_prompt_lines", "iter_records",
            "run_job"]
@@ -68,7 +73,9 @@ class JobProgress:
     seen earlier in the input; ``samples``: samples charged in this run; ``retried_failed``:
     earlier failed lines removed to be run again; ``dpo_rebuilt``: DPO pairs written from the
     candidates kept in earlier output lines; ``dpo_rerun``: earlier ok prompts run again because
-    their DPO pair was never written; ``last``: the outcome just written (or None)."""
+    their DPO pair was never written; ``dpo_missing``: earlier ok prompts left without their
+    DPO pair because those reruns were refused (``dpo_rerun=False``); ``last``: the outcome
+    just written (or None)."""
 
     total: int | None = None
     skipped: int = 0
@@ -81,6 +88,7 @@ class JobProgress:
     kept_failed: int = 0
     dpo_rebuilt: int = 0
     dpo_rerun: int = 0
+    dpo_missing: int = 0
     last: Outcome | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -119,6 +127,7 @@ class JobSummary:
             "kept_failed": p.kept_failed,
             "dpo_rebuilt": p.dpo_rebuilt,
             "dpo_rerun": p.dpo_rerun,
+            "dpo_missing": p.dpo_missing,
             "elapsed": self.elapsed,
             "interrupted": self.interrupted,
             "warm_start": self.warm_start,
@@ -151,7 +160,9 @@ def iter_records(
         try:
             yield PromptRecord.from_dict(item, line=n)
         except JobInputError as exc:
-            yield LineError(n, repr(item)[:2000], exc)
+            # The whole repr, as a file's whole line: it is the bad record's key, and records
+            # sharing a long prefix (a templated prompt) are different records, not repeats.
+            yield LineError(n, repr(item), exc)
 
 
 _PROMPTS_REASON = ("must be a JSONL path or an iterable of PromptRecord / dict records "
@@ -185,6 +196,41 @@ def _check_prompts(prompts: Any) -> Path | None:
     return None
 
 
+async def _to_thread_to_the_end(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``asyncio.to_thread`` whose cancellation (Ctrl-C) waits for the thread to finish before
+    it propagates: the thread works on the open writers (an atomic rewrite of the output), which
+    the run closes as it unwinds -- closing them under it would leave a half-written temporary
+    copy behind, or let the thread use a closed (or reused) file descriptor."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait({fut})
+        if not fut.cancelled():
+            fut.exception()  # retrieved: the interruption is what propagates
+        raise
+
+
+def _ok_lines(out: Path) -> dict[str, dict[str, Any]]:
+    """The ok lines of an output file, by key."""
+    return {r["key"]: r for r in read_jsonl(out)
+            if r.get("ok") is True and isinstance(r.get("key"), str)}
+
+
+def _own_lines(items: Iterable[PromptRecord | LineError], spec: JobSpec,
+               lines: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``lines`` of the job's prompts (each once, in input order)."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for item in items:
+        if isinstance(item, PromptRecord):
+            key = record_key(item, spec)
+            if key in lines and key not in seen:
+                seen.add(key)
+                out.append(lines[key])
+    return out
+
+
 def _same_file(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
@@ -200,6 +246,7 @@ async def arun_job(
     allowed: str | Iterable[str] | None = None,
     progress: Callable[[JobProgress], None] | None = None,
     retry_failed: bool = True,
+    dpo_rerun: bool = True,
     fsync: bool = True,
     executor: PromptExecutor | None = None,
     warm_start: WarmStart | None = None,
@@ -217,8 +264,13 @@ async def arun_job(
             included, ``*`` = every module); a list or tuple is taken as is.
         progress: called with a :class:`JobProgress` after every prompt (on the event loop).
             If it raises, no further prompt starts; those in flight finish and are written,
-            then its exception is raised.
+            then its exception is raised. A ``KeyboardInterrupt`` or ``CancelledError`` it
+            raises interrupts the run like Ctrl-C. It is never called again once it has
+            raised, nor once the run is interrupted.
         retry_failed: rerun this job's prompts whose earlier line says ``ok: false``.
+        dpo_rerun: with ``dpo``, run again the earlier ok prompts whose pair is missing and
+            cannot be rebuilt from kept candidates (paid model calls). ``False`` leaves them
+            without a pair, counted in ``dpo_missing``.
         fsync: sync each line to disk (see :class:`KeyedJsonlWriter`).
         warm_start: refit the prior from this job's finished prompts as it runs
             (:class:`~beacon.jobs.warm_start.WarmStart`); ``None`` keeps ``spec.config``.
@@ -244,6 +296,7 @@ async def arun_job(
         raise ConfigError("progress", progress, "must be a callable taking a JobProgress, "
                                                 "or None")
     retry_failed = boolean("retry_failed", retry_failed)
+    dpo_rerun = boolean("dpo_rerun", dpo_rerun)
     fsync = boolean("fsync", fsync)
     if executor is not None and not isinstance(executor, PromptExecutor):
         raise ConfigError("executor", executor, "must be a PromptExecutor or None")
@@ -263,18 +316,31 @@ async def arun_job(
     tasks: set[asyncio.Task[None]] = set()
     fatal: list[BaseException] = []
     callback_error: list[Exception] = []
+    # Set once the callback has raised anything (an Exception, KeyboardInterrupt, a
+    # CancelledError) or the run is interrupted: from then on it is never called again.
+    mute = False
     interrupted = False
+    run_task = asyncio.current_task()
 
     def report(**changes: Any) -> None:
-        nonlocal state
+        nonlocal state, mute
         state = replace(state, **changes)
-        if progress is not None and not callback_error:
-            try:
-                progress(state)
-            except Exception as exc:  # the caller's bug: stop starting prompts, lose nothing
-                exc.add_note("raised by the progress callback of arun_job: no further prompt "
-                             "was started, the prompts in flight were written; rerun to resume")
-                callback_error.append(exc)
+        if progress is None or mute:
+            return
+        if run_task is not None and run_task.cancelling():
+            mute = True  # cancelled (Ctrl-C, or the callback itself called cancel())
+            return
+        try:
+            progress(state)
+        except Exception as exc:  # the caller's bug: stop starting prompts, lose nothing
+            mute = True
+            exc.add_note("raised by the progress callback of arun_job: no further prompt "
+                         "was started, the prompts in flight were written; rerun to resume")
+            callback_error.append(exc)
+        except BaseException as exc:  # Ctrl-C or a cancellation in the callback: interrupted
+            mute = True
+            fatal.append(exc)  # raised in a prompt's task: no further prompt starts either
+            raise
 
     def stopping() -> bool:
         return bool(fatal or callback_error)
@@ -323,18 +389,29 @@ async def arun_job(
         await asyncio.to_thread(prepare_config, spec.config)
         # This job's failed lines to retry, DPO pairs missing from an earlier run: file work,
         # in a thread (a one-shot iterable of prompts is read into a list when it is needed).
-        plan = await asyncio.to_thread(
+        one_shot = prompts_path is None and not isinstance(prompts, Sequence)
+        plan = await _to_thread_to_the_end(
             resume_outputs, records, spec, out_w, dpo_w, retry_failed=retry_failed,
-            one_shot=prompts_path is None and not isinstance(prompts, Sequence))
+            one_shot=one_shot, dpo_rerun=dpo_rerun)
+        seeds: dict[str, dict[str, Any]] = {}
+        if starter is not None:
+            # The warm start is re-seeded from this job's finished prompts only: the output
+            # may hold lines of other jobs (other prompts, another scorer or config).
+            seeds = await asyncio.to_thread(_ok_lines, out)
+            if seeds and one_shot and plan.items is None:
+                plan.items = await asyncio.to_thread(lambda: list(records()))
         changes = {name: n for name, n in (("retried_failed", plan.retried_failed),
                                            ("dpo_rebuilt", plan.rebuilt),
-                                           ("dpo_rerun", plan.rerun_for_dpo)) if n}
+                                           ("dpo_rerun", plan.rerun_for_dpo),
+                                           ("dpo_missing", plan.dpo_missing)) if n}
         if plan.items is not None:
             changes["total"] = len(plan.items)
         if changes:
             report(**changes)
-        if starter is not None and Path(out).exists():
-            for rw in seed_rewards(list(read_jsonl(out))):
+        if starter is not None and seeds:
+            own = await asyncio.to_thread(
+                _own_lines, records() if plan.items is None else plan.items, spec, seeds)
+            for rw in seed_rewards(own):
                 starter.add(rw)
             if starter.due():
                 await refit()
@@ -357,7 +434,8 @@ async def arun_job(
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # a writer error (disk full...): stop the job
-                fatal.append(exc)
+                if exc not in fatal:
+                    fatal.append(exc)
             finally:
                 in_flight.discard(key)
                 slots.release()
@@ -412,6 +490,7 @@ async def arun_job(
         interrupted = True
         raise
     finally:
+        mute = True  # the run is over or unwinding: the callback is not called again
         # Cancel what is still running: its prompts have no line yet and are rerun on resume.
         pending = [t for t in tasks if not t.done()]
         for t in pending:
@@ -426,8 +505,6 @@ async def arun_job(
             dpo_w.close()
         if own_executor:
             await ex.aclose()
-        if interrupted and progress is not None and not callback_error:
-            progress(state)
     return JobSummary(
         state,
         time.perf_counter() - t0,

@@ -93,6 +93,7 @@ class KeyedJsonlWriter:
         self._keys: set[str] = set()
         self._fd: int | None = None
         self.recovered_bytes = 0  # size of the torn tail cut off on open
+        self._torn: str | None = None  # a partial line that could not be cut off
 
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self) -> Self:
@@ -158,13 +159,29 @@ class KeyedJsonlWriter:
             data = (dumps_record(record) + "\n").encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate: write that record \u-escaped
             data = (dumps_record(record, ensure_ascii=True) + "\n").encode("ascii")
+        if self._torn is not None:
+            raise OutputError(f"{self.path}: an earlier write failed half-way and its partial "
+                              f"line could not be removed ({self._torn}); reopen the file (the "
+                              "partial line is cut off on open)")
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except BaseException:
+            # A write that failed half-way (disk full, file size limit, Ctrl-C between two
+            # chunks) left a partial line: cut it off, or a later record -- once space is
+            # freed -- would be glued to it, corrupting (or silently losing) that record.
+            written = len(data) - len(view)
+            if written:
+                try:
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+                except OSError as cut:
+                    self._torn = f"{type(cut).__name__}: {cut}"
+            raise
+        self._keys.add(key)  # in the file from here on, even if the fsync below fails
         if self.fsync:
             os.fsync(self._fd)
-        self._keys.add(key)
         return True
 
     def compact(self, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
@@ -178,18 +195,22 @@ class KeyedJsonlWriter:
             raise OutputError(f"{self.path} is not open")
         dropped: list[dict[str, Any]] = []
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(self._fd, "rb", closefd=False) as src, open(tmp, "wb") as dst:
-            src.seek(0)
-            for raw in src:
-                if not raw.strip():
-                    continue
-                obj = json.loads(raw)
-                if keep(obj):
-                    dst.write(raw)
-                else:
-                    dropped.append(obj)
-            dst.flush()
-            os.fsync(dst.fileno())
+        try:
+            with open(self._fd, "rb", closefd=False) as src, open(tmp, "wb") as dst:
+                src.seek(0)
+                for raw in src:
+                    if not raw.strip():
+                        continue
+                    obj = json.loads(raw)
+                    if keep(obj):
+                        dst.write(raw)
+                    else:
+                        dropped.append(obj)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except BaseException:  # the output is untouched; leave no partial copy behind
+            tmp.unlink(missing_ok=True)
+            raise
         if not dropped:
             tmp.unlink()
             return dropped
@@ -215,6 +236,7 @@ class KeyedJsonlWriter:
         good_end = 0  # byte offset just past the last valid line
         bad: tuple[int, str] | None = None  # first invalid whole line (line number, text)
         lineno = 0
+        unterminated = False  # the last record is whole but lacks its newline
         with open(fd, "rb", closefd=False) as fh:
             fh.seek(0)
             offset = 0
@@ -222,12 +244,15 @@ class KeyedJsonlWriter:
                 lineno += 1
                 end = offset + len(raw)
                 obj: Any = None
-                if raw.endswith(b"\n"):
-                    try:
-                        obj = json.loads(raw)
-                    except ValueError:
-                        obj = None
+                try:
+                    # Without its newline only the final line can be read here: a record
+                    # whole up to its newline (a write torn just before it, a hand-edited
+                    # file) is a result, kept; a torn prefix does not parse and is cut off.
+                    obj = json.loads(raw)
+                except ValueError:
+                    obj = None
                 if isinstance(obj, dict) and isinstance(obj.get(self.key_field), str):
+                    unterminated = not raw.endswith(b"\n")
                     if bad is not None:
                         # A bad line followed by good ones is corruption, not a torn write.
                         raise OutputError(
@@ -246,6 +271,9 @@ class KeyedJsonlWriter:
             # Only the tail after the last good record is cut: it can only be a torn append.
             self.recovered_bytes = size - good_end
             os.ftruncate(fd, good_end)
+            os.fsync(fd)
+        elif unterminated:
+            os.write(fd, b"\n")  # O_APPEND: the next record starts on its own line
             os.fsync(fd)
 
 

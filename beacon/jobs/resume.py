@@ -10,7 +10,9 @@ and works out, restricted to the keys of the current job's prompts:
   the DPO file -- the output of a run without ``--dpo``. The pair is rebuilt from the line's
   ``candidates`` when it kept them (no model call); otherwise the rejected response was never
   saved and the prompt is run again (its line dropped), so that the pair and the output line
-  come from the same draw;
+  come from the same draw. With ``dpo_rerun=False`` (``--no-dpo-rerun``) such prompts are not
+  run again (no paid model call): they keep their line, get no pair, and are counted
+  (``dpo_missing``);
 * DPO pairs without an output line (an interruption between the DPO write and the output
   write): dropped, so the rerun of the prompt writes the pair of its new result.
 
@@ -94,15 +96,17 @@ def scan_output(out: Path, dpo_keys: frozenset[str] | None) -> OutputScan:
 class ResumePlan:
     """``drop_out`` / ``drop_dpo``: keys whose lines are removed before the run;
     ``rebuilt``: DPO pairs written from kept candidates; ``rerun_for_dpo``: ok prompts run
-    again because their pair cannot be rebuilt. After :func:`resume_outputs`: ``failed``, the
-    keys of the failed lines still in the output; ``retried_failed``, the failed lines removed;
-    ``items``, the input when a one-shot iterable had to be read for the plan (run it from
-    this list)."""
+    again because their pair cannot be rebuilt; ``dpo_missing``: such prompts left without a
+    pair because reruns were refused (``dpo_rerun=False``). After :func:`resume_outputs`:
+    ``failed``, the keys of the failed lines still in the output; ``retried_failed``, the failed
+    lines removed; ``items``, the input when a one-shot iterable had to be read for the plan
+    (run it from this list)."""
 
     drop_out: set[str] = field(default_factory=set)
     drop_dpo: set[str] = field(default_factory=set)
     rebuilt: int = 0
     rerun_for_dpo: int = 0
+    dpo_missing: int = 0
     failed: set[str] = field(default_factory=set)
     retried_failed: int = 0
     items: list[PromptRecord | LineError] | None = None
@@ -124,9 +128,11 @@ def plan_resume(
     *,
     retry_failed: bool,
     write_pair: Callable[[dict[str, Any]], bool],
+    dpo_rerun: bool = True,
 ) -> ResumePlan:
     """Match the scan against the job's prompts; rebuilt pairs go to ``write_pair`` at once
-    (before any output line is dropped, so an interruption loses nothing)."""
+    (before any output line is dropped, so an interruption loses nothing). ``dpo_rerun``:
+    run again the prompts whose pair cannot be rebuilt (else count them in ``dpo_missing``)."""
     plan = ResumePlan()
     with ExitStack() as stack:
         fh = stack.enter_context(out.open("rb")) if scan.pair_missing else None
@@ -145,7 +151,9 @@ def plan_resume(
                     pair, rebuilt = _rebuild_pair(fh, offset, key, item), True
                 except (ValueError, KeyError, TypeError):  # candidates in another format
                     rebuilt = False
-            if not rebuilt:
+            if not rebuilt and not dpo_rerun:
+                plan.dpo_missing += 1
+            elif not rebuilt:
                 plan.drop_out.add(key)
                 plan.rerun_for_dpo += 1
             elif pair is not None:
@@ -165,16 +173,19 @@ def resume_outputs(
     *,
     retry_failed: bool,
     one_shot: bool,
+    dpo_rerun: bool = True,
 ) -> ResumePlan:
     """Scan the open writers' files, plan for the job's prompts (``records()`` iterates them;
-    ``one_shot``: it can be iterated once only) and apply the plan (atomic rewrites)."""
+    ``one_shot``: it can be iterated once only) and apply the plan (atomic rewrites).
+    ``dpo_rerun=False``: prompts whose missing pair cannot be rebuilt are not run again."""
     scan = scan_output(out_w.path, dpo_w.keys if dpo_w is not None else None)
     plan = ResumePlan()
     if scan.needs_keys(retry_failed):
         items = list(records()) if one_shot else None
         plan = plan_resume(records() if items is None else items, spec, out_w.path, scan,
                            retry_failed=retry_failed,
-                           write_pair=dpo_w.write if dpo_w is not None else _no_pair)
+                           write_pair=dpo_w.write if dpo_w is not None else _no_pair,
+                           dpo_rerun=dpo_rerun)
         plan.items = items
     if plan.drop_out:
         dropped = out_w.compact(lambda rec: rec.get("key") not in plan.drop_out)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from beacon._checks import is_integer, is_real
+from beacon._checks import boolean, is_integer, is_real
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError
 
@@ -484,6 +484,9 @@ class JobSpec:
             # plain int / float: the spec travels as JSON to the workers (np.int64 would not)
             s[k] = int(v) if is_integer(v) else float(v)
         object.__setattr__(self, "sampling", {k: v for k, v in s.items() if v is not None})
+        # a plain bool: "false" (a string from a JSON file) must not switch candidates on
+        object.__setattr__(self, "keep_candidates",
+                           boolean("keep_candidates", self.keep_candidates, JobInputError))
 
     def budget_kwargs(self) -> dict[str, Any]:
         """The ``sampling`` entries that are :class:`beacon.budget.Budget` fields."""
@@ -521,5 +524,5 @@ class JobSpec:
             scorer=FactorySpec.from_dict(data["scorer"], field_name="scorer"),
             config=BeaconConfig.from_dict(dict(data["config"])),
             sampling=dict(data.get("sampling") or {}),
-            keep_candidates=bool(data.get("keep_candidates", False)),
+            keep_candidates=data.get("keep_candidates", False),
         )
