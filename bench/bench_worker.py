@@ -18,7 +18,7 @@ With a real model (seconds per call) that overhead is what matters; with a zero-
 the tier's prompts/s is bounded by it. The machine's load average is printed because the
 figures are only comparable within one run.
 
-Usage: ``python bench/bench_worker.py [--prompts 400]``
+Usage: ``python -m bench.bench_worker [--prompts 400]``
 """
 
 from __future__ import annotations

@@ -105,6 +105,23 @@ def test_prompt_file_with_a_byte_order_mark(tmp_path: Path) -> None:
     assert [i.id for i in items if isinstance(i, PromptRecord)] == [1, 2]
 
 
+def test_progress_total_agrees_with_the_reader_on_unicode_blank_lines(tmp_path: Path) -> None:
+    # Lines of Unicode whitespace only (a non-breaking space, an ideographic space), a bare
+    # BOM line, a lone CR inside a line: the progress total counts exactly the lines the
+    # reader yields, so the bar ends at its total (it used to end one short per such line).
+    p = tmp_path / "p.jsonl"
+    p.write_bytes(
+        '{"id": 1, "prompt": "a"}\n\u00a0\n{"id": 2, "prompt": "b"}\n\u3000 \u00a0\n'
+        '\u2028\n{"id": 3, "prompt": "c"}\r{"id": 4, "prompt": "d"}\n'.encode())
+    items = list(iter_prompt_file(p))
+    assert [i.id for i in items if isinstance(i, PromptRecord)] == [1, 2, 3, 4]
+    assert len(items) == 4
+    seen: list[JobProgress] = []
+    s = run_job(p, _spec(), tmp_path / "out.jsonl", progress=seen.append, fsync=False)
+    assert s.progress.total == 4 and s.progress.done == 4
+    assert seen[-1].processed == seen[-1].total == 4
+
+
 def test_allow_list_prefixes_are_module_boundaries() -> None:
     allowed = parse_allow_list("mycorp.models, other.")
     assert allowed == ("beacon.demo", "mycorp.models", "other")
@@ -1047,3 +1064,86 @@ def test_cli_config_file_with_overrides(tmp_path: Path) -> None:
     want = {prompt_key(r, spec) for r in iter_prompt_file(prompts)
             if isinstance(r, PromptRecord)}
     assert {r["key"] for r in read_jsonl(tmp_path / "cli.jsonl")} == want
+
+
+# -- docs/bulk.md says what the code does ----------------------------------------------------------
+BULK_DOC = ROOT / "docs" / "bulk.md"
+
+
+def _doc_json_objects(text: str) -> list[dict[str, Any]]:
+    """Every JSON object of the ```json blocks of a Markdown text (blocks may be indented)."""
+    import re
+
+    objs: list[dict[str, Any]] = []
+    dec = json.JSONDecoder()
+    for m in re.finditer(r"^([ \t]*)```json\n(.*?)^\1```", text, flags=re.M | re.S):
+        body = "\n".join(line[len(m[1]):] for line in m[2].splitlines())
+        i = 0
+        while True:
+            while i < len(body) and body[i].isspace():
+                i += 1
+            if i >= len(body):
+                break
+            obj, i = dec.raw_decode(body, i)
+            objs.append(obj)
+    return objs
+
+
+def test_bulk_doc_shows_the_lines_of_prompts_that_never_ran_as_written(tmp_path: Path) -> None:
+    # The reviewer's reproduction: a prompt the verifier rejects, a line that is not JSON.
+    from typer.testing import CliRunner
+
+    from beacon import STOP_REASONS
+    from beacon.cli import app
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id":"m99","prompt":"What is 2+2?"}\nnot json\n')
+    res = CliRunner().invoke(app, ["run", str(bad), "--family", "bernoulli", "-g",
+                                   "beacon.demo:generator", "-s", "beacon.demo:verifier",
+                                   "--out", str(tmp_path / "o.jsonl"), "--json"])
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.stdout)["stop_reasons"] == {"input-error": 2}
+    written = {r["line"]: {k: v for k, v in r.items() if k != "key"}
+               for r in read_jsonl(tmp_path / "o.jsonl")}
+    text = BULK_DOC.read_text()
+    shown = {o["line"]: {k: v for k, v in o.items() if k != "key"}
+             for o in _doc_json_objects(text) if o.get("ok") is False}
+    assert shown == written  # the page shows exactly these two lines (keys aside)
+    for line in written.values():
+        assert "stop_reason" not in line and isinstance(line["error"], dict)
+    # The ok line's keys are those of the page's example.
+    ok_doc = next(o for o in _doc_json_objects(text) if o.get("ok") is True)
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"id": "q01", "prompt": "a", "metadata": {"source": "demo"}}\n')
+    run_job(p, _spec(), tmp_path / "ok.jsonl", fsync=False)
+    (ok_line,) = read_jsonl(tmp_path / "ok.jsonl")
+    assert list(ok_line) == list(ok_doc)
+    # Every stop reason the summary can count is named on the page.
+    for reason in (*STOP_REASONS, "input-error"):
+        assert f"`{reason}`" in text, reason
+
+
+def test_bulk_doc_names_every_option_of_the_job_commands() -> None:
+    import re
+
+    import typer
+
+    from beacon.cli import app
+
+    text = BULK_DOC.read_text()
+    group = typer.main.get_command(app)
+    missing = []
+    for name in ("run", "submit", "status", "collect", "worker"):
+        for p in group.commands[name].params:  # type: ignore[attr-defined]
+            if p.param_type_name != "option":
+                continue
+            names = [o for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+            if not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text) for o in names):
+                missing.append(f"beacon {name} {names[0]}")
+    assert not missing, f"docs/bulk.md does not mention: {missing}"
+
+
+def test_bench_worker_command_is_the_same_in_readme_and_bulk_doc() -> None:
+    cmd = "python -m bench.bench_worker"
+    assert cmd in BULK_DOC.read_text() and cmd in (ROOT / "README.md").read_text()
+    assert "bench/bench_worker.py" not in BULK_DOC.read_text()

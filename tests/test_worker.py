@@ -334,6 +334,107 @@ def test_collect_replaces_an_error_line_when_the_retried_prompt_failed_again(
     assert (again.replaced_errors, again.written) == (0, 0) and out.read_bytes() == before
 
 
+def test_collect_purge_keeps_the_state_of_a_job_with_failed_prompts(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """`collect --purge` used to delete the state of a job whose prompts had failed, so the
+    `submit --retry-failed` that followed re-sent (and paid for) every finished prompt too.
+    Now it collects, keeps the state and says why; --purge-failed gives the failures up."""
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+    from worker.state import UnknownJobError
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:verifier"),
+                   beacon.BeaconConfig(family="bernoulli", cost=0.05, horizon=8))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        '{"id": 1, "prompt": "What is 1+1?", "reference": "2"}\n'
+        '{"id": 2, "prompt": "What is 2+2?", "reference": "4"}\n'
+        '{"id": 3, "prompt": "What is 3+3?"}\n')  # no reference: the verifier fails it
+    # What the workers would store: the outcomes of the same job run in-process.
+    local = tmp_path / "local.jsonl"
+    run_job(prompts, spec, local)
+    rows = {r["key"]: r for r in read_jsonl(local)}
+    assert sorted(r["ok"] for r in rows.values()) == [False, True, True]
+    job_id = f"{PREFIX}-purge-failed"
+    nobody = f"{PREFIX}-nobody-listens"
+    sub = tier.submit(iter_prompt_file(prompts), spec, job_id=job_id, store=tier.store,
+                      queue=nobody)
+    assert sub.enqueued == 3
+    for key, r in rows.items():
+        if r["ok"]:
+            tier.store.store_result(job_id, key, {"record": r, "dpo": None})
+        else:
+            tier.store.store_error(job_id, key, {"record": r, "dpo": None})
+    out = tmp_path / "out.jsonl"
+    runner = CliRunner()
+    res = runner.invoke(app, ["collect", job_id, "--out", str(out), "--purge", "--json"])
+    assert res.exit_code == 1, res.output
+    payload = json.loads(res.stdout)
+    assert payload["purged"] is False and "--purge-failed" in payload["purge_refused"]
+    assert payload["written"] == 3 and payload["complete"] is True
+    assert tier.store.meta(job_id)  # the state is kept
+    res = runner.invoke(app, ["collect", job_id, "--out", str(out), "--purge"])
+    assert res.exit_code == 1 and "not purged: 1 prompt(s) failed" in res.output, res.output
+    # The retry sends only the failed prompt: the finished ones are not paid for again.
+    retry = tier.submit(iter_prompt_file(prompts), spec, job_id=job_id, store=tier.store,
+                        queue=nobody, retry_failed=True)
+    assert (retry.enqueued, retry.already) == (1, 2)
+    # --purge-failed needs --purge (exit 2, nothing purged) and gives the failures up.
+    res = runner.invoke(app, ["collect", job_id, "--out", str(out), "--purge-failed"])
+    assert res.exit_code == 2 and "--purge-failed" in res.output, res.output
+    assert tier.store.meta(job_id)
+    res = runner.invoke(app, ["collect", job_id, "--out", str(out), "--purge",
+                              "--purge-failed", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["purged"] is True, res.output
+    with pytest.raises(UnknownJobError):
+        tier.store.meta(job_id)
+    assert sorted(r["ok"] for r in read_jsonl(out)) == [False, True, True]
+
+
+def test_collect_purge_never_drops_a_result_stored_during_the_collect(
+    tier: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last prompt finishing while `collect --purge` scans the results: the job then
+    reads as finished, but its result was not written yet. It used to be purged unwritten
+    (a lost, paid result); now the collect runs again before purging."""
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+    from worker.state import JobStore, UnknownJobError
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.05, horizon=8))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"late {i}"}) + "\n"
+                               for i in range(3)))
+    local = tmp_path / "local.jsonl"
+    run_job(prompts, spec, local)
+    rows = list(read_jsonl(local))
+    job_id = f"{PREFIX}-purge-late"
+    tier.submit(iter_prompt_file(prompts), spec, job_id=job_id, store=tier.store,
+                queue=f"{PREFIX}-nobody-listens")
+    for r in rows[:2]:
+        tier.store.store_result(job_id, r["key"], {"record": r, "dpo": None})
+    late = rows[2]
+    original = JobStore.iter_results
+
+    def iter_results(self: Any, jid: str) -> Any:
+        yield from original(self, jid)
+        if jid == job_id:  # the worker stores the last result just after the scan
+            tier.store.store_result(job_id, late["key"], {"record": late, "dpo": None})
+
+    monkeypatch.setattr(JobStore, "iter_results", iter_results)
+    out = tmp_path / "out.jsonl"
+    res = CliRunner().invoke(app, ["collect", job_id, "--out", str(out), "--purge", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["purged"] is True
+    assert sorted(r["key"] for r in read_jsonl(out)) == sorted(r["key"] for r in rows)
+    with pytest.raises(UnknownJobError):
+        tier.store.meta(job_id)
+
+
 # -- a few hundred prompts, the fitted config travels, bad lines fail alone --
 def test_worker_job_matches_in_process_run(tier: SimpleNamespace, tmp_path: Path) -> None:
     from typer.testing import CliRunner

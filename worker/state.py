@@ -30,7 +30,8 @@ from typing import Any
 
 import redis
 
-__all__ = ["CollectResult", "JobStatus", "JobStore", "UnknownJobError", "collect_job"]
+__all__ = ["CollectResult", "JobStatus", "JobStore", "UnknownJobError", "collect_job",
+           "purge_refusal"]
 
 _STORE_RESULT = """
 local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
@@ -278,18 +279,44 @@ class JobStore:
 class CollectResult:
     """``written`` / ``dpo_written``: lines added now; ``status``: the job's counts;
     ``dpo_foreign``: pairs not written because the prompt's line in ``out`` holds another
-    draw (written by another run of the same prompt and spec, e.g. ``beacon run``)."""
+    draw (written by another run of the same prompt and spec, e.g. ``beacon run``);
+    ``complete``: every outcome of the job is in ``out`` -- nothing was pending when the
+    collect started and no outcome changed while it ran (a prompt finishing during the scan
+    may have been missed: collect again). Only then may the job's state be purged."""
 
     written: int
     dpo_written: int
     replaced_errors: int
     status: JobStatus
     dpo_foreign: int = 0
+    complete: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"written": self.written, "dpo_written": self.dpo_written,
                 "replaced_errors": self.replaced_errors, "dpo_foreign": self.dpo_foreign,
-                **self.status.to_dict()}
+                "complete": self.complete, **self.status.to_dict()}
+
+
+def purge_refusal(c: CollectResult, *, allow_failed: bool = False) -> str | None:
+    """Why the job collected by ``c`` must not be purged yet (None: it may be).
+
+    Purging deletes the record of which prompts are finished: a later ``beacon submit`` of
+    the same file (``--retry-failed`` to retry the failures) would then send every prompt
+    again, and pay again for the finished ones. So a job is purged only once it is complete
+    in ``out`` and no prompt failed, unless ``allow_failed`` gives up on its failed prompts."""
+    st = c.status
+    if st.pending:
+        return (f"{st.pending} prompt(s) still pending; collect again once they are finished "
+                "(--wait)")
+    if not c.complete:
+        return ("prompts finished while this collect ran and may not be in the output yet; "
+                "collect again")
+    if st.failed and not allow_failed:
+        return (f"{st.failed} prompt(s) failed: purging would forget which prompts are "
+                "finished, so retrying them (beacon submit PROMPTS --retry-failed) would run, "
+                f"and pay for, all {st.total} prompts again. Retry the failed ones, collect, "
+                "then purge; or add --purge-failed to purge anyway and give them up")
+    return None
 
 
 def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Path | None = None,
@@ -308,7 +335,7 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
     from beacon.jobs.dpo import DpoWriter
     from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
 
-    store.status(job_id)  # raises UnknownJobError before any file is touched
+    before = store.status(job_id)  # raises UnknownJobError before any file is touched
     written = dpo_written = foreign = 0
     with KeyedJsonlWriter(out, fsync=fsync) as out_w:
         failed_here: dict[str, dict[str, Any]] = {}  # error lines already there, by key
@@ -350,4 +377,10 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
         finally:
             if dpo_w is not None:
                 dpo_w.close()
-    return CollectResult(written, dpo_written, replaced, store.status(job_id), foreign)
+    after = store.status(job_id)
+    # Nothing pending at the start and the same counts at the end: every prompt already had
+    # its outcome, results are never overwritten (HSETNX), and an error that became a result
+    # (a retry) would have moved the counts -- so the scan above saw every outcome.
+    complete = before.finished and (before.total, before.done, before.failed) == (
+        after.total, after.done, after.failed)
+    return CollectResult(written, dpo_written, replaced, after, foreign, complete)

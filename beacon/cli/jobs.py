@@ -18,6 +18,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -849,8 +850,16 @@ def collect_command(
         bool,
         typer.Option(
             "--purge",
-            help="Delete the job's state from Redis once "
-            "everything is collected and nothing is pending.",
+            help="Delete the job's state from Redis once everything is collected, nothing "
+            "is pending and no prompt failed (a purged job's prompts would all be sent, and "
+            "paid for, again by a later submit --retry-failed).",
+        ),
+    ] = False,
+    purge_failed: Annotated[
+        bool,
+        typer.Option(
+            "--purge-failed",
+            help="With --purge: purge even though prompts failed (they are given up).",
         ),
     ] = False,
     as_json: JsonOpt = False,
@@ -859,9 +868,11 @@ def collect_command(
 
     Exit 0 when the job is finished with no failures, 1 when prompts failed or are pending.
     """
-    from worker.state import collect_job
+    from worker.state import collect_job, purge_refusal
 
     _check_collect_files(out, dpo)  # before waiting: a usage error must not come hours late
+    if purge_failed and not purge:
+        usage_error("--purge-failed only goes with --purge", "--purge-failed")
     store = _store()
     st = (
         _wait(store, job, timeout=wait_timeout, quiet=as_json)
@@ -869,13 +880,23 @@ def collect_command(
         else _status_or_exit(store, job)
     )
     c = collect_job(store, job, out, dpo=dpo)
+    if purge and c.status.finished and not c.complete:
+        # The last prompts finished during the collect: it may have missed them. Collect
+        # again (idempotent) so that nothing stored is purged before it is written.
+        again = collect_job(store, job, out, dpo=dpo)
+        c = replace(again, written=c.written + again.written,
+                    dpo_written=c.dpo_written + again.dpo_written,
+                    replaced_errors=c.replaced_errors + again.replaced_errors,
+                    dpo_foreign=again.dpo_foreign)
     st = c.status
     purged = False
-    if purge and st.finished:
+    refused = purge_refusal(c, allow_failed=purge_failed) if purge else None
+    if purge and refused is None:
         store.purge(job)
         purged = True
     if as_json:
-        typer.echo(json.dumps({**c.to_dict(), "purged": purged}, indent=2))
+        typer.echo(json.dumps({**c.to_dict(), "purged": purged,
+                               **({"purge_refused": refused} if refused else {})}, indent=2))
     else:
         out_console.print(
             f"job {job}: wrote {c.written} line(s) to {out}"
@@ -890,6 +911,8 @@ def collect_command(
                 "from its line's draw; 'beacon run' with --dpo into the same files writes them.",
                 markup=False,
             )
+        if refused:
+            err_console.print(f"job {job}: not purged: {refused}.", markup=False)
     if st.failed or st.pending:
         raise typer.Exit(EXIT_FAILURE)
 

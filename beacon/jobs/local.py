@@ -53,8 +53,10 @@ from beacon.jobs.spec import (
     JobSpec,
     LineError,
     PromptRecord,
+    is_blank_line,
     iter_prompt_file,
     normalize_allow_list,
+    open_prompt_file,
 )
 from beacon.jobs.warm_start import WarmStart, WarmStarter, seed_rewards
 
@@ -135,13 +137,12 @@ class JobSummary:
 
 
 def count_prompt_lines(path: str | Path) -> int:
-    """Non-blank lines of a JSONL file (the job's size, for the progress bar)."""
-    n = 0
-    with Path(path).open("rb") as fh:
-        for raw in fh:
-            if raw.strip():
-                n += 1
-    return n
+    """Non-blank lines of a prompts file (the job's size, for the progress bar), split and
+    judged blank exactly as the reader does (:func:`~beacon.jobs.spec.iter_prompt_file`): a
+    line of Unicode whitespace only (a non-breaking space) is skipped by both, a lone ``\r``
+    ends a line for both, so the bar ends at its total."""
+    with open_prompt_file(path) as fh:
+        return sum(1 for text in fh if not is_blank_line(text))
 
 
 def iter_records(

@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from beacon._checks import boolean, is_integer, is_real
 from beacon.config import BeaconConfig
@@ -45,9 +45,11 @@ __all__ = [
     "PromptRecord",
     "canonical_json",
     "is_allowed",
+    "is_blank_line",
     "iter_prompt_file",
     "iter_prompt_lines",
     "normalize_allow_list",
+    "open_prompt_file",
     "parse_allow_list",
     "parse_prompt_line",
 ]
@@ -423,7 +425,7 @@ def iter_prompt_lines(
 ) -> Iterator[PromptRecord | LineError]:
     """Parse JSONL lines lazily; blank lines are skipped, bad ones yield :class:`LineError`."""
     for n, text in enumerate(lines, start=1):
-        if not text.strip():
+        if is_blank_line(text):
             continue
         try:
             yield parse_prompt_line(text, n, source=source)
@@ -431,10 +433,22 @@ def iter_prompt_lines(
             yield LineError(n, text.rstrip("\r\n"), exc)
 
 
+def is_blank_line(text: str) -> bool:
+    """A line the prompt reader skips: only whitespace, Unicode whitespace included (a
+    non-breaking space, U+3000...), as ``str.strip`` sees it."""
+    return not text.strip()
+
+
+def open_prompt_file(path: str | Path) -> TextIO:
+    """A prompts file opened as the reader reads it (UTF-8, a BOM dropped, undecodable bytes
+    kept as surrogates, universal newlines): whoever counts its lines must split them alike."""
+    return Path(path).open("r", encoding="utf-8-sig", errors="surrogateescape")
+
+
 def iter_prompt_file(path: str | Path) -> Iterator[PromptRecord | LineError]:
     """Stream a prompts JSONL file (UTF-8) as records and per-line errors."""
     p = Path(path)
-    with p.open("r", encoding="utf-8-sig", errors="surrogateescape") as fh:
+    with open_prompt_file(p) as fh:
         yield from iter_prompt_lines(fh, source=p.name)
 
 
