@@ -50,6 +50,7 @@ from langchain_core.runnables import (
 from langchain_core.runnables.base import coerce_to_runnable
 from langchain_core.runnables.config import patch_config
 from langchain_core.runnables.retry import RunnableRetry
+from langchain_core.runnables.utils import ConfigurableFieldSpec, get_unique_config_specs
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator
 
@@ -303,6 +304,16 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         return {"config": self.config.to_dict()}
 
     # -- types -----------------------------------------------------------------------------------
+    @property
+    def config_specs(self) -> list[ConfigurableFieldSpec]:
+        """The configurable fields of the model (and of a runnable scorer): a call's
+        ``config["configurable"]`` reaches them, so ``config_schema()`` lists them, as a
+        ``RunnableSequence`` lists its steps'."""
+        specs = list(self.model.config_specs)
+        if isinstance(self.scorer, Runnable):
+            specs.extend(self.scorer.config_specs)
+        return get_unique_config_specs(specs)
+
     @property
     def InputType(self) -> Any:
         return LanguageModelInput

@@ -6,7 +6,8 @@
   h_{n,k}(zhat_k) <= c / sigma_k, or at the horizon n). It returns the ``Response`` with the
   highest raw reward -- with that response's own source nodes; a structured-output inner
   engine's ``PydanticResponse`` stays one, its object intact -- and puts the evidence in
-  ``Response.metadata``: ``candidates``, ``rewards``, ``n_samples``, ``stop_reason``, ``trace``
+  ``Response.metadata``: ``candidates``, ``rewards``, ``errors`` (each failed sample's
+  ``"Type: message"``, else ``None``), ``n_samples``, ``stop_reason``, ``trace``
   (one dict per Stopper decision), ``chosen_index``, ``best_reward``, ``usage`` and ``error``.
 * :class:`BeaconQueryTransform` (a ``BaseQueryTransform``, for ``TransformQueryEngine``) does
   best-of-N query rewriting: it samples rewrites of the query (``mode="rewrite"``) or HyDE
@@ -243,6 +244,7 @@ def result_metadata(res: BeaconResult) -> dict[str, Any]:
     return {
         "candidates": [c.text for c in res.candidates],
         "rewards": [c.reward for c in res.candidates],
+        "errors": [c.error for c in res.candidates],
         "n_samples": res.n_samples,
         "stop_reason": res.stop_reason,
         "trace": [t.to_dict() for t in res.trace],

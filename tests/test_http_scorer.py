@@ -37,6 +37,9 @@ class Server:
         self.url = ""
         self.vllm_indices: list[Any] = []  # what /vllmidx/score answers as data[*].index
         self.answer: Any = None  # what /answer answers (raw JSON text)
+        self.retry_after = ""  # the Retry-After header /retryafter answers 503 with
+        self.redirect_to = ""  # where /redirect sends its client (307)
+        self.big = 0  # bytes of padding in /big's JSON answer
 
     def record(self, name: str, body: Any) -> int:
         self.bodies.setdefault(name, []).append(body)
@@ -143,8 +146,48 @@ def make_app(srv: Server) -> web.Application:
         srv.record("answer", await request.json())
         return web.Response(text=srv.answer, content_type="application/json")
 
+    async def retryafter(request: web.Request) -> web.Response:
+        srv.record("retryafter", None)
+        return web.Response(status=503, text="busy", headers={"Retry-After": srv.retry_after})
+
+    async def echo(request: web.Request) -> web.Response:
+        # A misbehaving server echoing the query string and credentials in its error page.
+        srv.record("echo", None)
+        pad = "x" * int(request.query.get("pad", "0"))
+        return web.Response(
+            status=400, content_type="text/html",
+            text=f"<html>{pad}bad request ?{request.query_string} "
+                 f"auth={request.headers.get('Authorization')} "
+                 f"key={request.headers.get('x-api-key')}</html>",
+        )
+
+    async def redirect(request: web.Request) -> web.Response:
+        srv.record("redirect", None)
+        return web.Response(status=int(request.query.get("status", "307")),
+                            headers={"Location": srv.redirect_to})
+
+    async def target(request: web.Request) -> web.Response:
+        srv.record("target", dict(request.headers))
+        return web.json_response({"score": 1.0})
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        srv.record("big", None)
+        body = json.dumps({"score": 1.0, "pad": "x" * srv.big}).encode()
+        if request.query.get("chunked"):
+            resp = web.StreamResponse()
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for i in range(0, len(body), 4096):
+                await resp.write(body[i:i + 4096])
+            await resp.write_eof()
+            return resp
+        return web.Response(body=body, content_type="application/json")
+
     app = web.Application()
     app.router.add_post("/answer", answer)
+    for path, h in [("/retryafter", retryafter), ("/echo", echo), ("/redirect", redirect),
+                    ("/target", target), ("/big", big)]:
+        app.router.add_post(path, h)
     for path, h in [("/score", score), ("/batch", batch), ("/flaky429", flaky429),
                     ("/flaky500", flaky500), ("/notfound", notfound), ("/slow", slow),
                     ("/malformed", malformed), ("/nonnumeric", nonnumeric), ("/auth", auth),
@@ -600,3 +643,104 @@ async def test_sampler_does_not_retry_an_unencodable_prompt(server: Server) -> N
     assert res.stop_reason == "error" and res.usage.retries == 0
     assert res.error is not None and "RewardRequestError" in res.error and "prompt" in res.error
     assert "score" not in server.hits
+
+
+# -- Retry-After, redirects, huge bodies, secrets in error bodies --------------------------------
+
+
+async def test_retry_after_as_an_http_date_is_seconds_from_now(server: Server) -> None:
+    from datetime import UTC, datetime, timedelta
+    from email.utils import format_datetime
+
+    async with HttpRewardScorer(server.url + "/retryafter") as s:
+        server.retry_after = format_datetime(datetime.now(UTC) + timedelta(seconds=120),
+                                             usegmt=True)
+        with pytest.raises(RewardHTTPError) as ei:
+            await s("p", "x")
+        assert ei.value.status == 503 and is_retryable(ei.value)
+        assert ei.value.retry_after is not None and 60 < ei.value.retry_after <= 120
+        server.retry_after = "Wed, 21 Oct 2015 07:28:00 GMT"  # in the past: retry at once
+        with pytest.raises(RewardHTTPError) as ei:
+            await s("p", "x")
+        assert ei.value.retry_after == 0.0
+        for bad in ("soon", "-3", "nan"):  # unreadable: the backoff policy decides
+            server.retry_after = bad
+            with pytest.raises(RewardHTTPError) as ei:
+                await s("p", "x")
+            assert ei.value.retry_after is None
+
+
+async def _second_origin(srv: Server) -> tuple[web.AppRunner, str]:
+    """The same app on another port: another origin."""
+    runner = web.AppRunner(make_app(srv))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_redirects_are_not_followed_and_the_key_goes_nowhere_else(
+    server: Server, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    monkeypatch.setenv("BEACON_TEST_RM_KEY", SECRET)
+    runner, other = await _second_origin(server)
+    try:
+        server.redirect_to = other + "/target?token=abc"
+        async with HttpRewardScorer(
+            server.url + f"/redirect?status={status}", api_key_env="BEACON_TEST_RM_KEY",
+            auth_header="x-api-key", auth_scheme="",
+        ) as s:
+            with pytest.raises(RewardHTTPError) as ei:
+                await s("p", "x")
+    finally:
+        await runner.cleanup()
+    assert "target" not in server.hits  # neither the key nor a body-less GET went elsewhere
+    e = ei.value
+    assert e.status == status and not is_retryable(e)
+    assert f"{other}/target" in str(e) and "token=abc" not in str(e) and SECRET not in str(e)
+
+
+async def test_huge_response_is_a_typed_error_not_read_whole(server: Server) -> None:
+    # the default cap (10 MiB), with and without a Content-Length
+    server.big = 11 * 2**20
+    for query in ("", "?chunked=1"):
+        async with HttpRewardScorer(server.url + "/big" + query) as s:
+            with pytest.raises(RewardResponseError, match="max_response_bytes") as ei:
+                await s("p", "x")
+        assert ei.value.path == "<body>" and not is_retryable(ei.value)
+    server.big = 64 * 1024
+    for query in ("", "?chunked=1"):
+        async with HttpRewardScorer(server.url + "/big" + query, max_response_bytes=4096) as s:
+            with pytest.raises(RewardResponseError, match="4096"):
+                await s("p", "x")
+        async with HttpRewardScorer(server.url + "/big" + query,
+                                    max_response_bytes=server.big + 100) as s:
+            assert await s("p", "x") == 1.0
+    with pytest.raises(beacon.ConfigError, match="max_response_bytes"):
+        HttpRewardScorer(server.url, max_response_bytes=0)
+
+
+async def test_secrets_echoed_in_an_html_error_page_are_scrubbed(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BEACON_TEST_RM_KEY", SECRET)
+    # the URL's query (a key in it) and its user info never reach the message
+    url = server.url.replace("http://", "http://bob:hunter2pw@") + "/echo?api_key=qk-123456"
+    async with HttpRewardScorer(url) as s:
+        with pytest.raises(RewardHTTPError) as ei:
+            await s("p", "x")
+    msg = str(ei.value)
+    assert ei.value.status == 400 and "<html>" in msg and not is_retryable(ei.value)
+    assert "qk-123456" not in msg and "hunter2pw" not in msg
+    assert "Ym9iOmh1bnRlcjJwdw" not in msg  # base64("bob:hunter2pw"), the Basic credential
+    # a key cut by the 200-character snippet leaves none of its characters behind
+    for pad in range(150, 200, 7):
+        async with HttpRewardScorer(
+            server.url + f"/echo?pad={pad}", api_key_env="BEACON_TEST_RM_KEY",
+            auth_header="x-api-key", auth_scheme="",
+        ) as s:
+            with pytest.raises(RewardHTTPError) as ei:
+                await s("p", "x")
+        assert SECRET[:4] not in str(ei.value), pad

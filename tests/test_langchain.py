@@ -983,3 +983,26 @@ def test_batched_scorer_returning_no_sequence_fails_samples_with_a_typed_error(o
     assert res.best is None and res.stop_reason == "error"
     assert res.error is not None and "sequence of" in res.error
     assert type(out).__name__ in res.error
+
+
+def test_configurable_fields_of_model_and_scorer_are_the_runnables_config_specs() -> None:
+    from langchain_core.runnables import ConfigurableField
+
+    model = ScriptedChatModel(script=SCRIPT).configurable_alternatives(
+        ConfigurableField(id="which_model"), default_key="scripted",
+        best=ScriptedChatModel(script=["d"]),
+    )
+    from langchain_core.prompts import PromptTemplate
+
+    judge = PromptTemplate.from_template("{response}").configurable_fields(
+        template=ConfigurableField(id="judge_name")
+    ) | RunnableLambda(lambda pv: REWARDS[pv.to_string()])
+    r = BeaconRunnable(model=model, scorer=judge, config=CFG)
+    assert {s.id for s in r.config_specs} == {"which_model", "judge_name"}
+    schema = r.config_schema().model_json_schema()
+    assert "which_model" in json.dumps(schema) and "judge_name" in json.dumps(schema)
+    chain = ChatPromptTemplate.from_template("{q}") | r  # a chain lists them too
+    assert {"which_model", "judge_name"} <= {s.id for s in chain.config_specs}
+    # and the configuration reaches the model
+    out = r.invoke("q", {"configurable": {"which_model": "best"}})
+    assert out.content == "d" and out.response_metadata["beacon"]["rewards"][0] == 0.9

@@ -598,3 +598,20 @@ def test_one_invalid_reward_in_a_batch_fails_only_its_sample() -> None:
         else:
             assert not c.failed and c.reward == values[c.text]
     assert {c.text for c in res.candidates if c.failed} == {"b", "c"}
+
+
+def test_a_scorer_failing_one_candidate_is_reported_in_the_response() -> None:
+    def scorer(query: str, response: str) -> float:
+        if response == "c":
+            raise ValueError("judge refused c")
+        return table_scorer(query, response)
+
+    qe = BeaconQueryEngine(scorer, CFG, llm=ScriptedLLM(script=SCRIPT))
+    resp = qe.query("q")
+    md = resp.metadata or {}
+    assert resp.response == "d" and md["stop_reason"] != "error"
+    i = md["candidates"].index("c")
+    assert md["rewards"][i] is None and md["errors"][i] == "ValueError: judge refused c"
+    assert [e for j, e in enumerate(md["errors"]) if j != i] == [None] * (len(md["errors"]) - 1)
+    assert md["usage"]["failed_calls"] == 1  # a ValueError is not retried
+    json.dumps(md)

@@ -30,6 +30,9 @@ events.
 from __future__ import annotations
 
 import asyncio
+import base64
+import datetime
+import email.utils
 import json
 import math
 import os
@@ -56,6 +59,8 @@ if TYPE_CHECKING:
 __all__ = ["HttpRewardScorer", "extract_path"]
 
 _PLACEHOLDER = re.compile(r"\{(prompt|prompts|response|responses|messages)\}")
+# How much of an error status's body is read: enough for the message (and to scrub a key in it).
+_ERROR_BODY_BYTES = 8192
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -307,6 +312,15 @@ class HttpRewardScorer:
             pooled connection excluded) -> :class:`RewardTimeoutError`.
         total_timeout: optional cap on a whole request, pool waiting included.
         max_connections / max_connections_per_host: connection-pool limits (0 = unlimited).
+        max_response_bytes: largest response body read (default 10 MiB); a larger one is a
+            :class:`RewardResponseError` at ``"<body>"``, never read into memory whole. An
+            error status's body is read only as far as the message needs.
+
+    Redirects are not followed: a 3xx answer is a (non-retryable) :class:`RewardHTTPError`
+    naming the status and the ``Location`` (without its query), since following it would send
+    the body as a GET (301/302/303) or the API key to whatever host it names. A ``Retry-After``
+    header of a failed request, in seconds or as an HTTP date, becomes the error's
+    ``retry_after`` seconds (the engine waits at least that long, up to its ``max_delay``).
     """
 
     def __init__(
@@ -324,6 +338,7 @@ class HttpRewardScorer:
         total_timeout: float | None = None,
         max_connections: int = 64,
         max_connections_per_host: int = 0,
+        max_response_bytes: int = 10 * 2**20,
     ) -> None:
         _check_url(url)
         if not (isinstance(score_path, str) or callable(score_path)):
@@ -339,6 +354,12 @@ class HttpRewardScorer:
                         ("max_connections_per_host", max_connections_per_host)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(name, v, "must be an integer >= 0")
+        if (
+            isinstance(max_response_bytes, bool)
+            or not isinstance(max_response_bytes, int)
+            or max_response_bytes < 1
+        ):
+            raise ConfigError("max_response_bytes", max_response_bytes, "must be an integer >= 1")
         self.url = url
         self.batched = bool(batched)
         if request_template is None:
@@ -361,6 +382,10 @@ class HttpRewardScorer:
             self._secret: str | None = key
         else:
             self._secret = None
+        self._redact = _url_secrets(url)
+        if self._secret:
+            self._redact.insert(0, self._secret)
+        self.max_response_bytes = max_response_bytes
         self.timeout = float(timeout)
         self.total_timeout = None if total_timeout is None else float(total_timeout)
         self.max_connections = max_connections
@@ -544,9 +569,27 @@ class HttpRewardScorer:
                     del self._sessions[lp]
 
     def _scrub(self, text: str) -> str:
-        if self._secret:
-            text = text.replace(self._secret, "***")
+        """``text`` with the API key and the URL's credentials and query replaced by ``***``."""
+        for secret in self._redact:
+            text = text.replace(secret, "***")
         return text
+
+    def _snippet(self, raw: bytes) -> str:
+        """The start of a body for a message: scrubbed *before* it is cut, so a secret that
+        straddles the cut cannot leave its first characters behind."""
+        return self._scrub(raw.decode("utf-8", "replace"))[:200]
+
+    async def _read(self, resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+        """At most ``limit`` bytes of the body, and whether there was more."""
+        if resp.content_length is not None and resp.content_length > limit:
+            return b"", True
+        buf = bytearray()
+        while len(buf) <= limit:
+            chunk = await resp.content.read(limit + 1 - len(buf))
+            if not chunk:
+                return bytes(buf), False
+            buf += chunk
+        return bytes(buf[:limit]), True
 
     async def _post(self, data: bytes) -> Any:
         """POST the JSON-encoded ``data`` (Content-Type from the session headers)."""
@@ -555,13 +598,24 @@ class HttpRewardScorer:
         url = _safe_url(self.url)
         try:
             session = await self._session()
-            async with session.post(self.url, data=data, headers=self._auth) as resp:
-                raw = await resp.read()
-                if resp.status >= 400:
-                    text = self._scrub(raw[:200].decode("utf-8", "replace"))
+            async with session.post(
+                self.url, data=data, headers=self._auth, allow_redirects=False
+            ) as resp:
+                if resp.status >= 300:
+                    raw, _more = await self._read(resp, _ERROR_BODY_BYTES)
+                    text = self._snippet(raw)
+                    if resp.status < 400:
+                        loc = resp.headers.get("Location")
+                        where = "no Location" if loc is None else (
+                            f"Location {self._scrub(_safe_url(loc))}"
+                        )
+                        text = (
+                            f"redirect ({where}) not followed; set url to the endpoint itself"
+                        )
                     raise RewardHTTPError(
                         resp.status, url, text, _retry_after(resp.headers.get("Retry-After"))
                     )
+                raw, more = await self._read(resp, self.max_response_bytes)
         except (RewardHTTPError, asyncio.CancelledError):
             raise
         except TimeoutError as exc:
@@ -572,10 +626,15 @@ class HttpRewardScorer:
             raise RewardConnectionError(
                 f"reward endpoint {url}: {type(exc).__name__}: {msg}"
             ) from exc
+        if more:
+            raise RewardResponseError(
+                "<body>", f"more than {self.max_response_bytes} bytes",
+                "response larger than max_response_bytes",
+            )
         try:
             return json.loads(raw)
         except ValueError as exc:
-            snippet = self._scrub(raw[:200].decode("utf-8", "replace"))
+            snippet = self._snippet(raw[:_ERROR_BODY_BYTES])
             raise RewardResponseError("<body>", snippet, "response is not valid JSON") from exc
 
     async def aclose(self) -> None:
@@ -645,10 +704,32 @@ def _encode(body: Any, values: Mapping[str, Any]) -> bytes:
 
 
 def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds from now: delay-seconds, or an HTTP date (RFC 9110 10.2.3; a
+    date in the past is 0). ``None`` when absent or unreadable (the backoff policy decides)."""
     if value is None:
         return None
     try:
         v = float(value)
     except ValueError:
-        return None  # an HTTP date; the backoff policy decides instead
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+            when = when.replace(tzinfo=datetime.UTC)
+        return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
     return v if math.isfinite(v) and v >= 0 else None
+
+
+def _url_secrets(url: str) -> list[str]:
+    """What of ``url`` may carry a key and must not reach a message: the URL itself, its
+    password (and the Basic credential aiohttp builds from the user info) and its query."""
+    parts = urlsplit(url)
+    out = [url] if parts.password or parts.query else []
+    if parts.password:
+        out.append(parts.password)
+        cred = f"{parts.username or ''}:{parts.password}".encode()
+        out.append(base64.b64encode(cred).decode())
+    if parts.query:
+        out.append(parts.query)
+    return [s for s in out if s]
