@@ -15,7 +15,17 @@ from typing import Any
 from beacon._checks import is_integer, is_real
 from beacon.errors import ConfigError, ConfigTypeError
 
-__all__ = ["Budget", "cost_from_price"]
+__all__ = ["Budget", "BudgetNotEnforcedWarning", "cost_from_price"]
+
+
+class BudgetNotEnforcedWarning(UserWarning):
+    """A :class:`Budget` cap met a model response that reports nothing it can count.
+
+    ``max_tokens`` needs token counts (``Generation.input_tokens`` / ``output_tokens``);
+    ``max_cost`` needs a reported ``Generation.cost`` or, for a response that reports tokens,
+    the budget's per-token prices. Issued once per sampler and cap; each result lists the caps
+    it could not enforce in ``BeaconResult.budget_unenforced``.
+    """
 
 
 def _check_nonneg(name: str, v: Any, *, positive: bool = False) -> float | None:
@@ -42,6 +52,12 @@ class Budget:
     The token and money caps are checked whenever a sample finishes: the sample that crosses a
     cap is kept (it was paid for), the others in flight are cancelled. The time cap is a
     deadline: at it, every sample in flight is cancelled.
+
+    The token and money caps count what the model reports. A response that reports no tokens
+    escapes ``max_tokens``; one with no cost of its own escapes ``max_cost`` unless it reports
+    tokens and a per-token price is set. Such a cap cannot bound the query: the result names
+    it in ``budget_unenforced`` and the sampler issues a :class:`BudgetNotEnforcedWarning`
+    (once per sampler and cap), rather than letting the cap look enforced.
     """
 
     max_tokens: int | None = None
@@ -78,6 +94,22 @@ class Budget:
         if self.max_tokens is not None and tokens >= self.max_tokens:
             return True
         return self.max_cost is not None and cost is not None and cost >= self.max_cost
+
+    def unmeasured(
+        self, input_tokens: int | None, output_tokens: int | None, cost: float | None
+    ) -> tuple[str, ...]:
+        """The token/money caps that a response reporting these numbers escapes.
+
+        ``cost`` is the response's money as the engine counts it (reported, or priced by
+        :meth:`price`). A cap escaped by one response no longer bounds the query's spend:
+        that response's spend is unknown to it.
+        """
+        out: tuple[str, ...] = ()
+        if self.max_tokens is not None and input_tokens is None and output_tokens is None:
+            out += ("max_tokens",)
+        if self.max_cost is not None and cost is None:
+            out += ("max_cost",)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -20,6 +20,9 @@ from beacon.stopper import STOP_REASONS, TraceRecord
 
 __all__ = ["BeaconResult", "Candidate", "Usage"]
 
+# Budget caps that count what the model reports (beacon.budget.Budget.unmeasured)
+_UNENFORCEABLE = ("max_tokens", "max_cost")
+
 
 def _json_float(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
@@ -247,6 +250,10 @@ class BeaconResult:
             Otherwise ``None``.
         metadata: the caller's metadata, passed through unchanged (keep it JSON-able).
         config: the :class:`~beacon.config.BeaconConfig` used, as ``to_dict()``.
+        budget_unenforced: the :class:`~beacon.budget.Budget` caps (``"max_tokens"``,
+            ``"max_cost"``) this query could not enforce because a model response reported
+            nothing they count (no tokens; no cost and no per-token price that applies): the
+            query's spend may exceed them. Empty when every cap set was enforced.
     """
 
     prompt: Any
@@ -258,6 +265,7 @@ class BeaconResult:
     error: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] | None = None
+    budget_unenforced: list[str] = field(default_factory=list)
 
     # -- views ----------------------------------------------------------------------------------
     @property
@@ -337,6 +345,7 @@ class BeaconResult:
             "error": self.error,
             "metadata": dict(self.metadata),
             "config": self.config,
+            "budget_unenforced": list(self.budget_unenforced),
         }
 
     @classmethod
@@ -368,6 +377,12 @@ class BeaconResult:
         usage = data.get("usage")
         metadata = data.get("metadata")
         config = data.get("config")
+        unenforced = _list_field("budget_unenforced", data.get("budget_unenforced"))
+        for i, cap in enumerate(unenforced):
+            if cap not in _UNENFORCEABLE:
+                raise ConfigError(
+                    f"budget_unenforced[{i}]", cap, f"must be one of {_UNENFORCEABLE}"
+                )
         return cls(
             prompt=data.get("prompt"),
             candidates=candidates,
@@ -378,4 +393,5 @@ class BeaconResult:
             error=_str_field("error", data.get("error"), optional=True),
             metadata={} if metadata is None else dict(_mapping("metadata", metadata)),
             config=None if config is None else dict(_mapping("config", config)),
+            budget_unenforced=list(unenforced),
         )

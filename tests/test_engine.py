@@ -12,7 +12,7 @@ import pytest
 
 import beacon
 from beacon._sync import run_sync
-from beacon.budget import Budget, cost_from_price
+from beacon.budget import Budget, BudgetNotEnforcedWarning, cost_from_price
 from beacon.engine import BatchScorer, BeaconSampler, Generation
 from beacon.events import DecisionEvent, SampleEvent
 from beacon.result import BeaconResult
@@ -587,6 +587,37 @@ async def test_timeout_error_says_which_call_and_how_long() -> None:
     )
 
 
+async def test_the_timeout_holds_for_a_model_that_swallows_its_cancellation() -> None:
+    # asyncio.timeout only cancels: a model that caught the CancelledError and went on (a bare
+    # except around its own retries) was never timed out, and the query waited for it.
+    gate = asyncio.Event()
+    swallowed: list[int] = []
+
+    async def stubborn(p: Any) -> str:
+        try:
+            await gate.wait()
+        except BaseException:  # the misbehaviour under test
+            swallowed.append(1)
+            await gate.wait()
+        return "r=1"
+
+    s = BeaconSampler(stubborn, bin_score, bern(max_failures=0), timeout=0.01,
+                      retry=RetryPolicy.none())
+    run = asyncio.ensure_future(s.arun("q"))
+    try:
+        await asyncio.wait({run}, timeout=30)  # a guard against hanging, not a timing
+        assert run.done()
+        res = run.result()
+        assert res.stop_reason == "error" and swallowed
+        assert "model call timed out after 0.01 s" in (res.error or "")
+        assert res.usage.failed_calls == res.usage.model_calls >= 1
+    finally:
+        gate.set()  # let the abandoned calls end
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        await _settle_loop(50)
+
+
 async def test_a_model_raising_cancelled_error_fails_its_sample_not_the_batch() -> None:
     async def gen(p: Any) -> str:
         await asyncio.sleep(0)
@@ -681,6 +712,54 @@ async def test_money_budget_uses_reported_cost_or_token_prices() -> None:
                                budget=b).arun("q")
     assert res2.stop_reason == "budget" and res2.n_samples == 2  # 0.03 per sample
     assert res2.candidates[0].usage.cost == pytest.approx(0.03)
+
+
+def test_a_cap_the_model_reports_nothing_for_is_reported_not_silently_inert() -> None:
+    # Budget(max_cost) with a model reporting no cost (and no prices), or max_tokens with a
+    # model reporting no tokens, never triggered and nothing said so.
+    def plain(p: Any) -> str:
+        return "r=0"
+
+    cfg = bern(cost=0.001, horizon=6)
+    s = BeaconSampler(plain, bin_score, cfg, budget=Budget(max_cost=0.01, max_tokens=10))
+    with pytest.warns(BudgetNotEnforcedWarning) as rec:
+        res = s.run("q")
+        res2 = s.run("q2")  # the same sampler warns once per cap, not per query
+    assert sorted(str(w.message).split()[1] for w in rec) == ["max_cost=0.01", "max_tokens=10"]
+    assert "price_per_input_token" in str(rec[0].message) + str(rec[1].message)
+    assert res.stop_reason == "horizon" and res.n_samples == 6  # the caps could not stop it
+    assert res.budget_unenforced == res2.budget_unenforced == ["max_tokens", "max_cost"]
+    back = BeaconResult.from_dict(json.loads(json.dumps(res.to_dict())))
+    assert back.budget_unenforced == ["max_tokens", "max_cost"]
+
+    # tokens but no price: max_tokens holds, max_cost still cannot
+    def tokens(p: Any) -> Generation:
+        return Generation("r=0", input_tokens=1, output_tokens=1)
+
+    with pytest.warns(BudgetNotEnforcedWarning, match="max_cost"):
+        res3 = BeaconSampler(tokens, bin_score, cfg,
+                             budget=Budget(max_cost=0.01, max_tokens=1000)).run("q")
+    assert res3.budget_unenforced == ["max_cost"]
+
+
+def test_caps_the_model_reports_for_raise_no_warning() -> None:
+    import warnings
+
+    def tokens(p: Any) -> Generation:
+        return Generation("r=0", input_tokens=1, output_tokens=1)
+
+    def costed(p: Any) -> Generation:
+        return Generation("r=0", cost=0.001)
+
+    cfg = bern(cost=0.001, horizon=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = BeaconSampler(tokens, bin_score, cfg, budget=Budget(
+            max_tokens=1000, max_cost=1.0, price_per_output_token=0.01)).run("q")
+        b = BeaconSampler(costed, bin_score, cfg, budget=Budget(max_cost=1.0)).run("q")
+        c = BeaconSampler(lambda p: "r=0", bin_score, cfg,
+                          budget=Budget(max_seconds=60)).run("q")
+    assert a.budget_unenforced == b.budget_unenforced == c.budget_unenforced == []
 
 
 def test_budget_validation_names_field() -> None:
@@ -1166,6 +1245,50 @@ async def test_breaking_out_of_astream_many_cancels_the_rest() -> None:
         break
     await asyncio.sleep(0.05)
     assert len(got) == 1 and model.in_flight == 0
+
+
+def _prompts_then_error(n: int) -> Any:
+    for i in range(n):
+        yield f"q{i}"
+    raise ValueError("prompt source broke")
+
+
+async def test_a_prompt_iterator_error_delivers_the_queries_already_started() -> None:
+    # The queries running when the prompts iterator raised were cancelled: samples paid for,
+    # results lost. Now they finish and are yielded, then the error is raised.
+    release = asyncio.Event()  # q2 is in flight until a result is consumed
+    calls: list[str] = []
+    cancelled: list[str] = []
+
+    async def gen(prompt: str) -> str:
+        calls.append(prompt)
+        try:
+            if prompt == "q2":
+                await release.wait()
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            cancelled.append(prompt)
+            raise
+        return "r=0"
+
+    s = BeaconSampler(gen, bin_score, bern(cost=0.001, horizon=4), max_concurrency=8)
+    got: dict[int, BeaconResult] = {}
+    with pytest.raises(ValueError, match="prompt source broke") as ei:
+        async for i, res in s.astream_many(_prompts_then_error(3), max_active=5):
+            got[i] = res
+            release.set()
+    assert sorted(got) == [0, 1, 2] and cancelled == []
+    assert all(r.stop_reason == "horizon" and r.n_samples == 4 for r in got.values())
+    assert len(calls) == 12
+    assert any("completed" in note for note in ei.value.__notes__)
+
+
+async def test_a_prompt_iterator_error_starts_no_query_in_arun_many() -> None:
+    model = FakeModel(p=0.0)
+    s = BeaconSampler(model, bin_score, bern(cost=0.001, horizon=4))
+    with pytest.raises(ValueError, match="prompt source broke"):
+        await s.arun_many(_prompts_then_error(3))
+    assert model.calls == 0  # read in full first: nothing was paid for
 
 
 async def _settle_loop(rounds: int = 2000) -> None:

@@ -141,3 +141,15 @@ def test_candidate_and_usage_from_dict_check_their_own_fields() -> None:
     with pytest.raises(beacon.ConfigError, match=r"usage\.wall_seconds"):
         Usage.from_dict({"wall_seconds": -1.0})
     assert Usage.from_dict({"calls": 9, "model_calls": 4}).calls == 4  # calls is derived
+
+
+def test_budget_unenforced_round_trips_and_is_checked() -> None:
+    res = make([1.0], budget_unenforced=["max_cost"])
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["budget_unenforced"] == ["max_cost"]
+    assert BeaconResult.from_dict(d) == res
+    del d["budget_unenforced"]  # older JSON, without the key
+    assert BeaconResult.from_dict(d).budget_unenforced == []
+    with pytest.raises(beacon.ConfigError, match="budget_unenforced") as ei:
+        BeaconResult.from_dict({**d, "budget_unenforced": ["max_seconds"]})
+    assert ei.value.field == "budget_unenforced[0]" and ei.value.value == "max_seconds"

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from beacon.budget import Budget
+from beacon.budget import Budget, BudgetNotEnforcedWarning
 from beacon.config import BeaconConfig
 from beacon.engine.calls import CallGuard, guarded_call
 from beacon.engine.protocol import GenerateFn, ScoreFn
@@ -50,6 +51,8 @@ class EngineContext:
     score_guard: CallGuard
     budget: Budget | None
     cfg_dict: dict[str, Any]
+    # caps already warned about (BudgetNotEnforcedWarning): the sampler's set, shared by loops
+    budget_warned: set[str]
 
 
 def _err(exc: BaseException) -> str:
@@ -91,6 +94,7 @@ class QueryRun:
         self.n_emitted = 0
         self.t0 = 0.0
         self.deadline: float | None = None
+        self.unenforced: set[str] = set()
 
     # -- top level ------------------------------------------------------------------------------
     async def run(self) -> BeaconResult:
@@ -133,6 +137,7 @@ class QueryRun:
             error=error,
             metadata=self.metadata,
             config=dict(self.ctx.cfg_dict),
+            budget_unenforced=[c for c in ("max_tokens", "max_cost") if c in self.unenforced],
         )
 
     # -- one batch ------------------------------------------------------------------------------
@@ -253,8 +258,11 @@ class QueryRun:
             cand.text, cand.raw = gen.text, gen.raw
             cand.usage.add_tokens(gen.input_tokens, gen.output_tokens)
             cost = gen.cost
-            if cost is None and ctx.budget is not None:
-                cost = ctx.budget.price(gen.input_tokens, gen.output_tokens)
+            if ctx.budget is not None:
+                if cost is None:
+                    cost = ctx.budget.price(gen.input_tokens, gen.output_tokens)
+                for cap in ctx.budget.unmeasured(gen.input_tokens, gen.output_tokens, cost):
+                    self._unenforced(cap)
             cand.usage.add_cost(cost)
             if not ctx.batched:
                 rewards = await guarded_call(
@@ -265,6 +273,30 @@ class QueryRun:
             cand.failed, cand.error = True, _err(exc)
         finally:
             cand.usage.wall_seconds = time.perf_counter() - t0
+
+    def _unenforced(self, cap: str) -> None:
+        """A response escaped ``cap`` (it reports nothing the cap counts): say so, once."""
+        self.unenforced.add(cap)
+        warned = self.ctx.budget_warned
+        if cap in warned:
+            return
+        warned.add(cap)
+        b = self.ctx.budget
+        assert b is not None
+        if cap == "max_tokens":
+            why = "a model response reported no token counts"
+        elif b.price_per_input_token or b.price_per_output_token:
+            why = "a model response reported neither a cost nor token counts to price"
+        else:
+            why = ("a model response reported no cost and the budget sets no "
+                   "price_per_input_token / price_per_output_token")
+        warnings.warn(
+            BudgetNotEnforcedWarning(
+                f"Budget {cap}={getattr(b, cap)!r} cannot be enforced: {why}, so the "
+                f"query's spend is not bounded by it (results list it in budget_unenforced)"
+            ),
+            stacklevel=2,
+        )
 
     async def _score_batch(self, cands: list[Candidate]) -> None:
         ok = [c for c in cands if not c.failed]

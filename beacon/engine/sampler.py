@@ -208,6 +208,7 @@ class BeaconSampler:
         self.budget = budget
         self.observers: tuple[Observer, ...] = _observers("observers", observers)
         self._rng = random.Random(None if seed is None else int(seed))
+        self._budget_warned: set[str] = set()  # caps warned about (BudgetNotEnforcedWarning)
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EngineContext] = (
             weakref.WeakKeyDictionary()
         )
@@ -265,7 +266,9 @@ class BeaconSampler:
     ) -> list[BeaconResult]:
         """Results for every prompt, in input order; one query's failure never loses another's.
 
-        ``metadata``: one mapping for all prompts, or one per prompt. ``max_active``: queries
+        ``prompts`` is read in full before any query starts, so an iterable that raises
+        does so before any call. ``metadata``: one mapping for all prompts, or one per
+        prompt. ``max_active``: queries
         in progress at once (default ``4 * max_concurrency``); the concurrency limit on calls
         applies across all of them either way.
         """
@@ -309,6 +312,9 @@ class BeaconSampler:
         ``max_active`` finished results wait for the consumer; while they wait, each query that
         finishes holds its worker, so no more than ``2 * max_active`` prompts are ever started
         and not yet yielded, however slowly the results are consumed.
+        If iterating ``prompts`` raises, no further prompt is taken; the queries already
+        started run to the end and their results are yielded (their samples were paid for),
+        then that error is raised (with a note saying so).
         Event ``query_id`` is the prompt's position. Closing the generator early cancels the
         queries still running; to close it deterministically when breaking out of the loop,
         wrap it in ``contextlib.aclosing(...)`` (otherwise it is closed when collected).
@@ -330,6 +336,21 @@ class BeaconSampler:
             meta_list = _metadata_list(metadata, len(prompts))
         obs = _observers("observers", observers) if observers is not None else None
         it = iter(enumerate(prompts))
+        # The first error raised by the prompts iterable: no prompt is taken after it, the
+        # queries already started run to the end and are yielded (their samples were paid for),
+        # then it is raised.
+        prompt_error: list[Exception] = []
+
+        def take() -> tuple[int, Any] | None:
+            if prompt_error:
+                return None
+            try:
+                return next(it)
+            except StopIteration:
+                return None
+            except Exception as exc:
+                prompt_error.append(exc)
+                return None
         # Bounded: a worker whose result finds the queue full waits there before it takes its
         # next prompt, so a slow consumer holds back new queries (at most ``active`` results
         # queued plus one per worker, i.e. ``2 * active`` finished or running queries not yet
@@ -342,7 +363,8 @@ class BeaconSampler:
         workers: list[asyncio.Future[None]] = []
 
         async def worker() -> None:
-            for i, prompt in it:
+            while (item := take()) is not None:
+                i, prompt = item
                 if len(workers) < active:
                     workers.append(asyncio.ensure_future(worker()))  # for the next prompt
                 meta = meta_list[i] if seq_meta else shared_meta
@@ -379,6 +401,13 @@ class BeaconSampler:
                     break
                 yield item
             await close_task  # re-raise a worker's misuse error (e.g. short metadata)
+            if prompt_error:
+                exc = prompt_error[0]
+                exc.add_note(
+                    "raised by the prompts iterable; the queries started before it were "
+                    "completed and their results yielded"
+                )
+                raise exc
         finally:
             for w in workers:
                 w.cancel()
@@ -409,6 +438,7 @@ class BeaconSampler:
                 ),
                 budget=self.budget,
                 cfg_dict=self._cfg.to_dict(),
+                budget_warned=self._budget_warned,
             )
             self._per_loop[loop] = ctx
         return ctx
