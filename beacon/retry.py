@@ -8,16 +8,18 @@ seconds, multiplied by a uniform jitter factor in ``[1 - jitter, 1]`` ("equal"/"
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from beacon._checks import is_real, positive_int
+from beacon._checks import is_real, positive_int, real_as_float
 from beacon.errors import ConfigError
 
-__all__ = ["RetryPolicy", "TransientError", "is_retryable"]
+__all__ = ["RetryPolicy", "TransientError", "is_retryable", "parse_retry_after", "retry_after_of"]
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 
@@ -38,6 +40,63 @@ def _status_of(exc: BaseException) -> int | None:
     if isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599:
         return v
     return None
+
+
+def parse_retry_after(value: Any) -> float | None:
+    """A ``Retry-After`` header value as seconds from now: delay-seconds, or an HTTP date (RFC
+    9110 section 10.2.3; a date in the past is 0). ``None`` when absent or unreadable (then the
+    backoff policy decides)."""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if not isinstance(value, str):
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+            when = when.replace(tzinfo=datetime.UTC)
+        return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+    return v if math.isfinite(v) and v >= 0 else None
+
+
+def _header(headers: Any, name: str) -> Any:
+    get = getattr(headers, "get", None)
+    if not callable(get):
+        return None
+    try:  # httpx, requests and aiohttp headers are case-insensitive; a plain dict is not
+        v = get(name)
+        return v if v is not None else get(name.title())
+    except Exception:  # an exotic headers object: no hint, the backoff policy decides
+        return None
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The wait (seconds) a failed call's server asked for, or ``None``.
+
+    An ``exc.retry_after`` number (this package's HTTP scorer sets it) wins; otherwise the
+    ``retry-after-ms`` or ``retry-after`` header of ``exc.response`` (the OpenAI and Anthropic
+    SDKs' and httpx's status errors carry the response).
+    """
+    ra = getattr(exc, "retry_after", None)
+    if ra is not None and is_real(ra) and not isinstance(ra, bool):
+        f = real_as_float(ra)
+        return f if f >= 0 else None  # NaN and negatives: no hint; inf: the cap applies
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
+        return None
+    ms = _header(headers, "retry-after-ms")
+    if ms is not None:
+        try:
+            f = float(ms)
+        except (TypeError, ValueError):
+            f = math.nan
+        if math.isfinite(f) and f >= 0:
+            return f / 1000.0
+    return parse_retry_after(_header(headers, "retry-after"))
 
 
 def _is_aiohttp_client_error(exc: BaseException) -> bool:

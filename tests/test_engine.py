@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import datetime
 import json
 import random
 from typing import Any
@@ -494,6 +495,53 @@ async def test_retry_after_is_honoured() -> None:
     model = FakeModel(p=1.0, fail=fail)
     await BeaconSampler(model, bin_score, bern(),
                         retry=RetryPolicy(base_delay=0.0, max_delay=1.0)).arun("q")
+    assert times[1] - times[0] >= 0.14
+
+
+class _Response:
+    def __init__(self, headers: Any) -> None:
+        self.headers = headers
+        self.status_code = 429
+
+
+class _SdkRateLimit(Exception):
+    """What the OpenAI / Anthropic SDKs and httpx raise: the response, headers and all."""
+
+    def __init__(self, headers: Any) -> None:
+        super().__init__("rate limited")
+        self.response = _Response(headers)
+
+
+def test_retry_after_of_reads_the_sdk_response_headers() -> None:
+    from email.utils import format_datetime
+
+    from beacon.retry import retry_after_of
+
+    assert retry_after_of(_SdkRateLimit({"retry-after-ms": "1500"})) == 1.5
+    assert retry_after_of(_SdkRateLimit({"retry-after": "2"})) == 2.0
+    assert retry_after_of(_SdkRateLimit({"Retry-After": "3"})) == 3.0  # a plain dict
+    soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=60)
+    ra = retry_after_of(_SdkRateLimit({"retry-after": format_datetime(soon, usegmt=True)}))
+    assert ra is not None and 50 < ra <= 60
+    past = datetime.datetime(2015, 10, 21, 7, 28, tzinfo=datetime.UTC)
+    assert retry_after_of(_SdkRateLimit({"retry-after": format_datetime(past, usegmt=True)})) == 0
+    for junk in ({"retry-after": "soon"}, {"retry-after-ms": "-5"}, {}, None, 42):
+        assert retry_after_of(_SdkRateLimit(junk)) is None
+    assert retry_after_of(ConnectionError()) is None
+
+
+async def test_a_retry_after_header_on_the_errors_response_is_honoured() -> None:
+    loop = asyncio.get_running_loop()
+    times: list[float] = []
+
+    def fail(n: int, p: Any) -> Exception | None:
+        times.append(loop.time())
+        return _SdkRateLimit({"retry-after-ms": "150"}) if n == 1 else None
+
+    model = FakeModel(p=1.0, fail=fail)
+    res = await BeaconSampler(model, bin_score, bern(),
+                              retry=RetryPolicy(base_delay=0.0, max_delay=1.0)).arun("q")
+    assert res.usage.retries == 1
     assert times[1] - times[0] >= 0.14
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from beacon.result import Usage
-from beacon.retry import RetryPolicy
+from beacon.retry import RetryPolicy, retry_after_of
 
 __all__ = ["CallCancelledError", "CallGuard", "adopt_running_loop", "guarded_call", "within"]
 
@@ -69,7 +69,9 @@ async def guarded_call(
     exception when it is not retryable or the attempts are exhausted; a per-attempt timeout is
     a ``TimeoutError`` saying which call and how long, a ``CancelledError`` raised by ``fn``
     itself a :class:`CallCancelledError`. The wait before a retry is the policy's jittered
-    backoff, or the error's ``retry_after`` seconds when larger (capped at ``max_delay``).
+    backoff, or the server's wait when larger (capped at ``max_delay``): the error's
+    ``retry_after`` seconds, else its response's ``retry-after-ms`` / ``retry-after`` header
+    (:func:`beacon.retry.retry_after_of`).
     Cancellation of the calling task always propagates at once.
     """
     attempt = 0
@@ -89,10 +91,10 @@ async def guarded_call(
             if not guard.retry.should_retry(exc, attempt):
                 raise
             delay = guard.retry.delay(attempt, guard.rng)
-            # Honour a server's Retry-After (seconds) up to the policy's cap.
-            ra = getattr(exc, "retry_after", None)
-            if isinstance(ra, int | float) and not isinstance(ra, bool) and ra > delay:
-                delay = min(float(ra), guard.retry.max_delay)
+            # Honour a server's Retry-After up to the policy's cap.
+            ra = retry_after_of(exc)
+            if ra is not None and ra > delay:
+                delay = min(ra, guard.retry.max_delay)
         await asyncio.sleep(delay)
 
 

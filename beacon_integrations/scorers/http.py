@@ -31,10 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
-import email.utils
 import json
-import math
 import os
 import re
 import threading
@@ -45,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from beacon.engine.protocol import as_reward
 from beacon.errors import ConfigError, RewardError
+from beacon.retry import parse_retry_after
 from beacon_integrations.scorers.errors import (
     RewardConnectionError,
     RewardHTTPError,
@@ -613,7 +611,7 @@ class HttpRewardScorer:
                             f"redirect ({where}) not followed; set url to the endpoint itself"
                         )
                     raise RewardHTTPError(
-                        resp.status, url, text, _retry_after(resp.headers.get("Retry-After"))
+                        resp.status, url, text, parse_retry_after(resp.headers.get("Retry-After"))
                     )
                 raw, more = await self._read(resp, self.max_response_bytes)
         except (RewardHTTPError, asyncio.CancelledError):
@@ -701,24 +699,6 @@ def _encode(body: Any, values: Mapping[str, Any]) -> bytes:
                     from exc
         raise RewardRequestError("request_template", body, f"is not JSON-serializable: {exc}") \
             from exc
-
-
-def _retry_after(value: str | None) -> float | None:
-    """``Retry-After`` as seconds from now: delay-seconds, or an HTTP date (RFC 9110 10.2.3; a
-    date in the past is 0). ``None`` when absent or unreadable (the backoff policy decides)."""
-    if value is None:
-        return None
-    try:
-        v = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
-            when = when.replace(tzinfo=datetime.UTC)
-        return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
-    return v if math.isfinite(v) and v >= 0 else None
 
 
 def _url_secrets(url: str) -> list[str]:
