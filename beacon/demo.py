@@ -45,7 +45,25 @@ _OPENINGS = (
     "Good question.",
     "In brief:",
 )
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_BOXED = re.compile(r"\\boxed\{")
+
+
+def _last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` with balanced braces (``\\frac{1}{2}`` whole).
+
+    None when there is none, or the last one is never closed.
+    """
+    for m in reversed(list(_BOXED.finditer(text))):
+        depth, start = 1, m.end()
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i]
+        return None
+    return None
 
 
 class DemoTransientError(ConnectionError):
@@ -171,8 +189,8 @@ class DemoVerifier(_Base):
 
         async def verify(prompt: Any, response: str) -> float:
             await self._io(_text_of(prompt), "verify", response)
-            found = _BOXED.findall(response)
-            return 1.0 if found and found[-1].strip() == want else 0.0
+            found = _last_boxed(response)
+            return 1.0 if found is not None and found.strip() == want else 0.0
 
         return verify
 

@@ -1075,7 +1075,10 @@ def cost_grid(
         x = data.rewards if cfg.transform is None else cfg.transform.apply(data.rewards)
         with np.errstate(invalid="ignore", over="ignore"):  # |r| > 1e154: sd inf, left out
             sd = np.nanstd(x, axis=1)
-        sd = sd[np.isfinite(sd) & (sd > 0)]
+            top = np.fmax.reduce(np.abs(x), axis=1)  # NaN-skipping, no all-NaN warning
+        # Rows flat up to float rounding (as in `standardize`) are left out: a spread of a few
+        # ulps is rounding, and a shift of the rewards would turn it into exactly 0.
+        sd = sd[np.isfinite(sd) & (sd > _STD_EPS * top)]
         if sd.size:
             scale = float(np.median(sd))
     return scale * np.logspace(lo, hi, points)

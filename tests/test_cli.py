@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import beacon
 from beacon.cli import app
-from beacon.evaluation import cross_fit, evaluate, load_logged, tune
+from beacon.evaluation import cross_fit, evaluate, interpolate_fixed, load_logged, tune
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "data"
@@ -487,6 +487,29 @@ def test_tune_prior_default_is_the_single_jeffreys_sweep() -> None:
     assert got["recommended"]["cost"] == pytest.approx(jeff.choice.cost)
 
 
+def test_tune_says_when_beacon_does_not_beat_best_of_n() -> None:
+    """A loss (or tie) at matched samples is stated, in text and JSON, never shown as a win."""
+    code, out, _ = run("tune", ALPACA, "--prior", "jeffreys", "--json")
+    assert code == 0
+    got = json.loads(out)
+    jeff = tune(load_logged(ALPACA), beacon.BeaconConfig(cost=0.1, horizon=11))
+    m = jeff.choice.metrics
+    diff = m.mean_standardized_reward - interpolate_fixed(jeff.fixed, m.avg_samples)
+    assert diff <= 0 and got["matched_range"][1] <= 1e-12  # Jeffreys never wins on this log
+    assert got["beats_best_of_n"] is False
+    assert "no c of the sweep beats it" in got["verdict"]
+    code, out, _ = run("tune", ALPACA, "--prior", "jeffreys")
+    flat = " ".join(out.split())
+    assert code == 0 and "verdict: on this log BEACON at this c" in flat
+    assert "fixed best-of-N (N = 1..11) is at least as good for the same samples" in flat
+    # A measured win is called one; the baseline sub-dict gets its own verdict.
+    code, out, _ = run("tune", WRITING, "--json")
+    got = json.loads(out)
+    assert got["beats_best_of_n"] is True and "beats best-of-N" in got["verdict"]
+    assert got["baseline"]["beats_best_of_n"] is False
+    assert "does worse than best-of-N" in got["baseline"]["verdict"]
+
+
 def test_tune_text_names_variants_and_deploy_command() -> None:
     code, out, err = run("tune", ALPACA)
     assert code == 0
@@ -946,3 +969,33 @@ def test_cli_import_stays_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
     )
     assert proc.stdout.strip() == ""
+
+
+def test_demo_verifier_reads_boxed_answers_with_braces() -> None:
+    """The demo verifier credits LaTeX answers such as \\frac{1}{2} (balanced braces)."""
+    import asyncio
+
+    from beacon.demo import generator, verifier
+
+    ref = "\\frac{1}{2}"
+    verify = verifier().bind({"id": "h", "reference": ref})
+    gen = generator(seed=3).bind({"id": "h", "reference": ref})
+
+    async def go() -> tuple[list[str], list[float]]:
+        texts = [await gen("half of one?") for _ in range(40)]
+        return texts, [await verify("half of one?", t) for t in texts]
+
+    texts, scores = asyncio.run(go())
+    right = [t.endswith(f"\\boxed{{{ref}}}.") for t in texts]
+    assert any(right) and not all(right)
+    assert scores == [1.0 if r else 0.0 for r in right]
+    assert asyncio.run(verify("q", "so \\boxed{ \\frac{1}{2} }")) == 1.0
+    assert asyncio.run(verify("q", "\\boxed{\\frac{1}{2}} no, \\boxed{\\frac{1}{3}}")) == 0.0
+    assert asyncio.run(verify("q", "\\boxed{\\frac{1}{2}")) == 0.0  # never closed
+    # Deterministic by seed: the same seed gives the same samples.
+    again = generator(seed=3).bind({"id": "h", "reference": ref})
+
+    async def redo() -> list[str]:
+        return [await again("half of one?") for _ in range(40)]
+
+    assert asyncio.run(redo()) == texts

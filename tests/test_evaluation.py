@@ -751,3 +751,18 @@ def test_cost_grid_ignores_prompts_whose_spread_overflows() -> None:
     grid = cost_grid(data, beacon.BeaconConfig(cost=0.1, horizon=4), 3)
     sd = np.median([np.std([0.0, 1.0, 2.0]), np.std([0.0, 2.0, 4.0])])
     np.testing.assert_allclose(grid, sd * np.logspace(-3, 1, 3))
+
+
+def test_cost_grid_leaves_out_rows_flat_up_to_rounding_so_a_shift_keeps_it() -> None:
+    # A prompt whose rewards differ by one ulp (a judge's 0.1 and 0.1 + 1 ulp) is flat, as in
+    # `standardize`; counting its ~1e-17 spread moved the median, and shifting every reward by
+    # +50 (which rounds that ulp away) changed the grid.
+    a = 0.1
+    rows = np.array([[a, np.nextafter(a, 1.0), a, a], [0.0, 1.0, 2.0, 1.0],
+                     [0.0, 2.0, 4.0, 2.0], [0.0, 3.0, 6.0, 3.0]])
+    data = LoggedRewards(("f", "b", "c", "d"), rows)
+    shifted = LoggedRewards(("f", "b", "c", "d"), rows + 50.0)
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=4)
+    sd = np.std([0.0, 2.0, 4.0, 2.0])
+    np.testing.assert_allclose(cost_grid(data, cfg, 3), sd * np.logspace(-3, 1, 3))
+    np.testing.assert_allclose(cost_grid(shifted, cfg, 3), cost_grid(data, cfg, 3), rtol=1e-9)

@@ -68,6 +68,7 @@ __all__ = [
     "register",
     "tune_command",
     "variant_label",
+    "verdict",
 ]
 
 QUALITY_LABELS: dict[str, str] = {
@@ -102,6 +103,49 @@ def matched_range(res: TuneResult) -> tuple[float, float]:
         for p in res.points
     ]
     return min(diffs), max(diffs)
+
+
+def verdict(res: TuneResult) -> tuple[bool, str]:
+    """Whether BEACON at the recommended ``c`` beats best-of-N at the same average samples.
+
+    Measured on this log, in units of ``res.quality``: a win only when the difference is above a
+    thousandth of the best-of-1..best-of-horizon span (scale-free; smaller is a tie at the
+    printed precision). When it is not a win, says whether any ``c`` of the sweep beats it, so
+    the summary never implies a gain that was not measured.
+    """
+    q = res.quality
+    m = res.choice.metrics
+    d = quality_of(m, q) - interpolate_fixed(res.fixed, m.avg_samples, q)
+    span = abs(quality_of(res.fixed[-1], q) - quality_of(res.fixed[0], q))
+    tol = 1e-3 * span
+    scale = _quality_scale(res)
+    diff = fmt(d, scale=scale, sign=True)
+    n = len(res.fixed)
+    if d > tol:
+        return True, (
+            f"on this log ({res.n_prompts} prompts) BEACON beats best-of-N at the same average "
+            f"samples by {diff} {q}."
+        )
+    how = "is no better than" if d >= -tol else "does worse than"
+    text = f"on this log BEACON at this c {how} best-of-N at the same average samples ({diff} {q})"
+    lo, hi = matched_range(res)
+    if hi > tol:
+        best = max(
+            res.points,
+            key=lambda p: quality_of(p.metrics, q)
+            - interpolate_fixed(res.fixed, p.metrics.avg_samples, q),
+        )
+        text += (
+            f"; the sweep's best difference is {fmt(hi, scale=scale, sign=True)} at c = "
+            f"{best.cost:.4g} ({best.metrics.avg_samples:.2f} samples)."
+        )
+    else:
+        text += (
+            f"; no c of the sweep beats it ({fmt(lo, scale=scale, sign=True)}.."
+            f"{fmt(hi, scale=scale, sign=True)}): on this log fixed best-of-N (N = 1..{n}) is "
+            "at least as good for the same samples."
+        )
+    return False, text
 
 
 def _curve(res: TuneResult) -> tuple[list[float], list[float]]:
@@ -417,6 +461,7 @@ def recommendation_lines(res: TuneResult) -> list[str]:
         lines.append(f"  accuracy: BEACON {m.accuracy:.3f}, best-of-{full.n} {full.accuracy:.3f}.")
     if ch.note:
         lines.append(f"  note: {ch.note}")
+    lines.append(f"  verdict: {verdict(res)[1]}")
     return lines
 
 
@@ -638,12 +683,16 @@ def tune_command(
         out: dict[str, Any] = res.to_dict()
         out["variant"] = variant_label(res)
         out["matched_range"] = list(matched_range(res))
+        out["beats_best_of_n"], out["verdict"] = verdict(res)
         out["baseline"] = None
         if baseline is not None:
+            b_beats, b_verdict = verdict(baseline)
             out["baseline"] = {
                 **baseline.to_dict(),
                 "variant": variant_label(baseline),
                 "matched_range": list(matched_range(baseline)),
+                "beats_best_of_n": b_beats,
+                "verdict": b_verdict,
             }
         out["source"] = str(logged)
         out["plot"] = None if plot is None else str(plot)
