@@ -692,3 +692,73 @@ def test_time_limit_saves_partial_result_and_disallowed_job_fails_clearly(
         assert r["error"]["type"] == "FactoryNotAllowedError"
         assert "os" in r["error"]["message"] and "BEACON_ALLOWED_FACTORIES" in r["error"]["message"]
     assert not Path("/tmp/beacon-pwned").exists()
+
+
+# -- submission: an unreachable broker leaves nothing behind; a resubmission sends no duplicate --
+def test_submit_to_an_unreachable_broker_fails_clearly_and_registers_nothing(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """A job registered without its messages would be sent later by the workers' sweeper,
+    although its submitter was told the submission failed."""
+    import socket
+
+    import redis
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    prefix = f"{PREFIX}-nobroker"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"q {i}"}) + "\n"
+                               for i in range(3)))
+    env = {**os.environ, **tier.env, "BEACON_BROKER_URL": f"redis://127.0.0.1:{closed}/11",
+           "BEACON_RESULT_BACKEND": REDIS_URL, "BEACON_STATE_URL": REDIS_URL,
+           "BEACON_KEY_PREFIX": prefix}
+    p = subprocess.run([sys.executable, "-m", "beacon.cli", "submit", str(prompts), "-g",
+                        "beacon.demo:generator", "-s", "beacon.demo:scorer", "--json"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert list(redis.Redis.from_url(REDIS_URL).scan_iter(f"{prefix}*")) == []
+    assert f"cannot reach the broker 'redis://127.0.0.1:{closed}/11'" in p.stderr
+    assert "nothing was submitted" in p.stderr and p.stdout == ""
+
+
+def test_resubmitting_a_running_job_sends_only_prompts_the_broker_lost(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    import redis
+
+    queue = f"{PREFIX}-resubmit"
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(family="normal"))
+    n = 6
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"q {i}"}) + "\n"
+                               for i in range(n)))
+
+    def submit() -> Any:
+        return tier.submit(iter_prompt_file(prompts), spec, input_digest=_digest(prompts),
+                           queue=queue)
+
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        first = submit()
+        assert (first.enqueued, _queued(queue)) == (n, n)
+        again = submit()  # every task still waiting: each would run (and be paid for) twice
+        assert (again.job_id, again.enqueued, _queued(queue)) == (first.job_id, 0, n)
+        assert (first.queued, again.queued) == (0, n)
+        lost = r.rpop(queue)  # popped by a worker that died before recording it
+        held = r.rpop(queue)  # running: held unacknowledged
+        r.hset("unacked", f"{PREFIX}-held", json.dumps([json.loads(held), "", queue]))
+        third = submit()
+        assert (third.enqueued, third.queued, third.already) == (1, n - 1, 0)
+        sent = {_task_key(raw) for raw in r.lrange(queue, 0, -1)}
+        assert _task_key(lost) in sent and _task_key(held) not in sent
+        assert _queued(queue) == n - 1
+    finally:
+        r.hdel("unacked", f"{PREFIX}-held")
+        r.delete(queue)
+
+
+def _task_key(raw: bytes) -> str:
+    return str(json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1])

@@ -67,9 +67,10 @@ from beacon.jobs.spec import (
 from beacon.result import BeaconResult, Candidate
 from worker.app import app, settings
 from worker.config import is_redis_url
-from worker.state import JobStore
+from worker.state import JobStore, UnknownJobError
 
-__all__ = ["SubmitResult", "get_loop", "resend", "run_prompt", "submit_job"]
+__all__ = ["BrokerUnavailableError", "SubmitResult", "get_loop", "resend", "run_prompt",
+           "submit_job"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -368,12 +369,65 @@ def _start_sweeper(**_: Any) -> None:
 
 
 # -- submission ------------------------------------------------------------------------------------
+class BrokerUnavailableError(RuntimeError):
+    """The broker could not be reached while submitting.
+
+    ``job_id`` is None when it failed before anything was registered (the broker is checked
+    first, so a wrong or closed broker leaves no trace in the state store). Otherwise the job
+    exists and ``sent`` of its prompts' tasks went out; submitting the same input again sends
+    the rest (and, on a Redis broker, not those already queued)."""
+
+    def __init__(self, broker: str, cause: BaseException, *, job_id: str | None = None,
+                 sent: int = 0) -> None:
+        where = f"cannot reach the broker {broker}: {str(cause).rstrip('.')}"
+        if job_id is None:
+            msg = f"{where}; nothing was submitted"
+        else:
+            msg = (f"{where}; job {job_id} is registered but only {sent} task(s) were sent: "
+                   "submit the same input again to send the rest")
+        super().__init__(msg)
+        self.broker, self.job_id, self.sent = broker, job_id, sent
+
+
+def _broker_label() -> str:
+    url = str(app.conf.broker_url or "")
+    return repr(url.split("@")[-1])  # no credentials in messages
+
+
+def _check_broker() -> None:
+    """Connect to the broker once (fast failure, before the job is registered)."""
+    from kombu.exceptions import OperationalError
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.5,
+                                   interval_max=0.5)
+    except (OperationalError, OSError) as exc:
+        raise BrokerUnavailableError(_broker_label(), exc) from None
+
+
+def _queued_keys(st: JobStore, job_id: str, queues: set[str]) -> set[str]:
+    """Prompt keys of ``job_id`` whose task is already waiting in ``queues`` or held
+    unacknowledged by a worker (Redis broker only; empty for others, which cannot be read)."""
+    from worker.recovery import broker_keys
+
+    url = str(app.conf.broker_url or "")
+    if not is_redis_url(url) or not queues:
+        return set()
+    r = redis.Redis.from_url(url)
+    try:
+        return broker_keys(r, sorted(queues)).get(job_id, set())
+    finally:
+        r.close()
+
+
 @dataclass(frozen=True)
 class SubmitResult:
     """``enqueued``: tasks sent now; ``already``: prompts with a stored outcome (not resent);
     ``bad_lines``: distinct bad input lines, recorded as errors at submission (each lists every
     line number it occurs on); ``duplicates``: input lines repeating a prompt or a bad line seen
-    earlier in the input (not sent again); ``total``: the job's prompts."""
+    earlier in the input (not sent again); ``queued``: prompts of a resubmitted job whose task
+    is still waiting in the broker or running (not sent again); ``total``: the job's prompts."""
 
     job_id: str
     total: int
@@ -381,11 +435,12 @@ class SubmitResult:
     already: int
     bad_lines: int
     duplicates: int = 0
+    queued: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "total": self.total, "enqueued": self.enqueued,
                 "already": self.already, "bad_lines": self.bad_lines,
-                "duplicates": self.duplicates}
+                "duplicates": self.duplicates, "queued": self.queued}
 
 
 def _check_submit_args(
@@ -426,7 +481,10 @@ def submit_job(
 
     Submitting the same job again (same ``job_id``, or the same spec and ``input_digest``)
     sends only prompts without an outcome yet (and failed ones when ``retry_failed``): use it to
-    resume after a broker was lost. Bad input lines are stored as errors right away.
+    resume after a broker was lost. On a Redis broker, prompts whose task is still queued or
+    running are not sent again (``queued``). Bad input lines are stored as errors right away.
+    Raises :class:`BrokerUnavailableError` when the broker cannot be reached (checked before
+    the job is registered).
     """
     _check_submit_args(items, spec, job_id, input_digest, source, retry_failed, chunk, store,
                        queue)
@@ -435,14 +493,24 @@ def submit_job(
             raise JobInputError("job_id", None, "give a job id or the input's digest")
         job_id = job_fingerprint(spec, input_digest)
     st = store or get_store()
+    target = queue or settings.queue
+    # Before anything is registered: a submission to an unreachable broker leaves no job behind
+    # (the workers' sweeper would otherwise send a job its submitter was told had failed).
+    _check_broker()
+    try:
+        prior_queue = st.meta(job_id).get("queue", "")
+        resubmitted = True
+    except UnknownJobError:
+        prior_queue, resubmitted = "", False
+    # A job submitted again while it runs: its prompts still queued or running are not sent a
+    # second time (each would be paid for twice); only lost or unsent ones are.
+    in_broker = _queued_keys(st, job_id, {target, prior_queue} - {""}) if resubmitted else set()
     spec_ref = st.create(job_id, spec.to_dict(), source=source)
-    enqueued = already = 0
+    enqueued = already = queued = 0
     batch: list[tuple[str, dict[str, Any], int | None]] = []
 
-    target = queue or settings.queue
-
     def flush() -> None:
-        nonlocal enqueued, already
+        nonlocal enqueued, already, queued
         if not batch:
             return
         # Stamped before registering too: the lost-message sweeper leaves alone a job whose
@@ -450,12 +518,21 @@ def submit_job(
         st.mark_sent(job_id, target)
         st.add_prompts(job_id, [(k, {"record": r, "line": ln}) for k, r, ln in batch])
         flags = st.outcome_flags(job_id, [k for k, _, _ in batch])
-        todo = [item for item, (has_res, has_err) in zip(batch, flags, strict=True)
+        todo = [(item, has_err) for item, (has_res, has_err) in zip(batch, flags, strict=True)
                 if not (has_res or (has_err and not retry_failed))]
         already += len(batch) - len(todo)
-        if todo:
-            _send_tasks(st, job_id, spec_ref, target, todo)
-            enqueued += len(todo)
+        # A failed prompt is sent again on retry_failed even if a stale message is around.
+        fresh = [item for item, has_err in todo if has_err or item[0] not in in_broker]
+        queued += len(todo) - len(fresh)
+        if fresh:
+            from kombu.exceptions import OperationalError
+
+            try:
+                _send_tasks(st, job_id, spec_ref, target, fresh)
+            except OperationalError as exc:
+                raise BrokerUnavailableError(_broker_label(), exc, job_id=job_id,
+                                             sent=enqueued) from None
+            enqueued += len(fresh)
         batch.clear()
 
     # Bad lines are stored once the input is read: one error per distinct line, every number.
@@ -480,4 +557,4 @@ def submit_job(
         st.add_prompts(job_id, [(k, {"bad_line": e.raw, "line": e.line})
                                 for k, (e, _) in keys.bad.items()])
     total = st.status(job_id).total
-    return SubmitResult(job_id, total, enqueued, already, len(keys.bad), keys.duplicates)
+    return SubmitResult(job_id, total, enqueued, already, len(keys.bad), keys.duplicates, queued)

@@ -720,7 +720,7 @@ def submit_command(
     from beacon.jobs.spec import iter_prompt_file
 
     try:
-        from worker.tasks import submit_job
+        from worker.tasks import BrokerUnavailableError, submit_job
     except ModuleNotFoundError as exc:
         fail(f"the worker tier needs the 'worker' extra: {exc}")
     h = hashlib.sha256()
@@ -738,6 +738,8 @@ def submit_command(
             retry_failed=retry_failed,
             store=store,
         )
+    except BrokerUnavailableError as exc:
+        fail(str(exc))
     except redis.exceptions.ConnectionError as exc:
         fail(f"cannot reach the job state store at {store.url}: {exc}")
     except Exception as exc:
@@ -751,7 +753,9 @@ def submit_command(
         err_console.print(
             f"job {res.job_id}: {res.total} prompts, {res.enqueued} sent, "
             f"{res.already} already finished, {res.bad_lines} bad input line(s)"
-            + (f", {res.duplicates} duplicate line(s)" if res.duplicates else ""),
+            + (f", {res.duplicates} duplicate line(s)" if res.duplicates else "")
+            + (f", {res.queued} still queued or running (not sent again)" if res.queued
+               else ""),
             markup=False,
         )
     if not wait:
