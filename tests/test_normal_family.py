@@ -1,6 +1,7 @@
 """Normal–Inverse-Gamma sufficient statistics: O(1) updates equal the closed form."""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -121,3 +122,146 @@ def test_robust_update_waits_for_a_proper_predictive() -> None:
     a = _run([0.0, 1.0, -1e6], cfg)[-1]
     b = _run([0.0, 1.0, -1e6], BeaconConfig(horizon=8, robust=False))[-1]
     assert a.mu == b.mu and a.beta == b.beta
+
+
+# --- every row of the paper's Table table_k0, the robust rule and the floor, by hypothesis ------
+
+# Priors reaching every row of Table table_k0: 2 alpha0 = -1, in (-1, 0], in (0, 1] and > 1;
+# nu0 = 0 or > 0; beta0 = 0 or > 0.
+any_prior_st = st.builds(
+    NIGPrior,
+    mu0=st.floats(-5, 5),
+    nu0=st.one_of(st.just(0.0), st.floats(0.05, 10)),
+    alpha0=st.one_of(st.sampled_from([-0.5, -0.25, 0.0, 0.25, 0.5, 1.0]), st.floats(-0.5, 10)),
+    beta0=st.one_of(st.just(0.0), st.floats(0.01, 10)),
+)
+
+
+def _k0_from_first_principles(p: NIGPrior) -> int:
+    """Least k with a proper predictive that has a mean: nu_k > 0, 2 alpha_k = 2 alpha0 + k > 1
+    and beta_k > 0 (beta_k > 0 needs beta0 > 0, or one reward against a proper prior mean
+    (nu0 > 0), or two rewards (a sample variance)). Independent of the table's case analysis."""
+    two_a0 = 2 * Fraction(p.alpha0)  # exact: 2 alpha0 + 1 > 1 for a tiny alpha0 > 0
+    for k in range(10):
+        beta_pos = p.beta0 > 0 or (p.nu0 > 0 and k >= 1) or k >= 2
+        if p.nu0 + k > 0 and two_a0 + k > 1 and beta_pos:
+            return k
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize(
+    ("prior", "k0"),
+    [  # one prior per row of the paper's Table table_k0, in its order
+        (NIGPrior(0.0, 1.0, 1.0, 1.0), 0),
+        (NIGPrior(0.0, 1.0, 0.5, 0.0), 1),
+        (NIGPrior(0.0, 1.0, 2.0, 0.0), 1),
+        (NIGPrior(0.0, 0.0, 0.3, 1.0), 1),
+        (NIGPrior(0.0, 0.0, 0.3, 0.0), 2),
+        (NIGPrior(0.0, 2.0, -0.2, 1.0), 2),
+        (NIGPrior(0.0, 2.0, -0.5, 1.0), 3),
+        (NIGPrior(), 3),
+    ],
+)
+def test_k0_rows_of_the_papers_table(prior: NIGPrior, k0: int) -> None:
+    assert prior.k0 == k0 == _k0_from_first_principles(prior)
+    assert BeaconConfig(prior=prior, horizon=8).k0 == max(k0, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(prior=any_prior_st)
+def test_k0_is_the_first_proper_predictive(prior: NIGPrior) -> None:
+    assert prior.k0 == _k0_from_first_principles(prior)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rewards=rewards_st, prior=any_prior_st)
+def test_o1_update_equals_closed_form_for_every_k0(rewards: list[float], prior: NIGPrior) -> None:
+    """(k, z, mu, nu, alpha, beta) after every reward equal eq. hyperamareters_update on the
+    whole history; sigma is that of the closed form (floored) from k0 on, undefined before."""
+    cfg = BeaconConfig(prior=prior, robust=False, horizon=64)
+    states = _run(rewards, cfg)
+    for k, s in enumerate(states, start=1):
+        r = np.array(rewards[:k])
+        rbar = r.mean()
+        mu = (prior.nu0 * prior.mu0 + k * rbar) / (prior.nu0 + k)
+        beta = (
+            prior.beta0
+            + ((r - rbar) ** 2).sum() / 2
+            + k * prior.nu0 * (rbar - prior.mu0) ** 2 / (2 * (prior.nu0 + k))
+        )
+        assert (s.k, s.z, s.k0) == (k, r.max(), prior.k0)
+        assert s.mu == pytest.approx(mu, rel=1e-9, abs=1e-9)
+        assert s.nu == pytest.approx(prior.nu0 + k, rel=1e-12)
+        assert s.alpha == pytest.approx(prior.alpha0 + k / 2, rel=1e-12, abs=1e-12)
+        assert s.beta == pytest.approx(beta, rel=1e-8, abs=1e-8)
+        if k < prior.k0:
+            assert math.isnan(s.sigma)
+        else:
+            sigma = math.sqrt(
+                (prior.nu0 + k + 1) * beta / ((prior.nu0 + k) * (prior.alpha0 + k / 2))
+            )
+            assert s.sigma == pytest.approx(max(sigma, SIGMA_FLOOR), rel=1e-7, abs=1e-9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prior=any_prior_st,
+    history=st.lists(st.floats(-10, 10), min_size=0, max_size=12),
+    q=st.sampled_from([0.01, 0.05, 0.2, 0.45]),
+    where=st.sampled_from(["below", "at", "above"]),
+    gap=st.one_of(st.floats(1e-9, 1e-3), st.floats(1e-3, 20)),
+)
+def test_robust_update_by_hypothesis(
+    prior: NIGPrior, history: list[float], q: float, where: str, gap: float
+) -> None:
+    """One reward after any history: below mu_k + sigma_k t_{2 alpha0 + k}^{-1}(q) (the
+    predictive before it) it updates (mu, nu, alpha, beta, sigma) exactly as the reward mu_k
+    would, otherwise as itself; before k0 never; z is always the true maximum."""
+    robust = BeaconConfig(prior=prior, robust=True, robust_quantile=q, horizon=64)
+    plain = BeaconConfig(prior=prior, robust=False, horizon=64)
+    fam = get_family("normal")
+    s = _run(history, robust)[-1] if history else fam.initial_state(robust)
+    if s.k >= prior.k0:
+        thr = s.mu + s.sigma * float(student_t.ppf(q, 2 * prior.alpha0 + s.k))
+        r = {"below": thr - gap * s.sigma, "at": thr, "above": thr + gap * s.sigma}[where]
+        as_model = s.mu if where == "below" and r < thr else r
+    else:
+        r = (s.mu if math.isfinite(s.mu) else 0.0) - 1e3 * (1 + gap)  # far below anything
+        as_model = r
+    got = fam.update(s, r, robust)
+    want = fam.update(s, as_model, plain)
+    assert got.z == max(s.z, r)  # the true maximum, even when r is winsorized
+    for f in ("k", "mu", "nu", "alpha", "beta"):
+        assert getattr(got, f) == pytest.approx(getattr(want, f), rel=1e-12, abs=1e-12), f
+    if not math.isnan(want.sigma):
+        assert got.sigma == pytest.approx(want.sigma, rel=1e-12, abs=1e-15)
+    if where == "below" and s.k >= prior.k0 and gap > 1e-6:
+        # the winsorized update really differs from the plain one (the test can fail)
+        raw = fam.update(s, r, plain)
+        assert raw.beta > got.beta or raw.mu < got.mu
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    prior=st.one_of(
+        st.just(NIGPrior()),
+        st.builds(
+            NIGPrior,
+            mu0=st.floats(-1, 1),
+            nu0=st.just(1.0),
+            alpha0=st.just(1.0),
+            beta0=st.just(0.0),
+        ),
+    ),
+    base=st.floats(-1e3, 1e3),
+    jitter=st.lists(st.integers(-2, 2), min_size=3, max_size=20),
+    eps=st.sampled_from([0.0, 1e-300, 1e-12, 1e-9]),
+)
+def test_sigma_never_below_the_floor(
+    prior: NIGPrior, base: float, jitter: list[int], eps: float
+) -> None:
+    cfg = BeaconConfig(prior=prior, horizon=64)
+    for s in _run([base + eps * j for j in jitter], cfg):
+        if s.k >= prior.k0:
+            assert s.sigma >= SIGMA_FLOOR
+            assert math.isfinite((s.z - s.mu) / s.sigma)

@@ -283,3 +283,47 @@ def test_robust_replay_equals_stopper_on_the_robust_threshold() -> None:
             ref = Stopper(cfg)
             d = _drive_row(ref, row[0])
             assert (res.n_samples[0], res.stop_reason[0]) == (ref.k, d.reason)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.lists(
+        st.lists(
+            st.one_of(st.floats(-2, 2), st.sampled_from([0.0, 1.0, np.nan])),
+            min_size=10,
+            max_size=10,
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    prior=st.sampled_from([NIGPrior(), NIGPrior(0.2, 2.0, 1.5, 0.5), NIGPrior(0.0, 2.0, 1.5, 0.0)]),
+    cost=st.floats(1e-3, 0.5),
+    batch=st.integers(1, 4),
+    robust=st.booleans(),
+)
+def test_replay_equals_a_stopper_prompt_by_prompt_by_hypothesis(
+    data: list[list[float]], prior: NIGPrior, cost: float, batch: int, robust: bool
+) -> None:
+    """Arbitrary logged matrices (ties, NaN gaps, short rows) and priors with k0 = 3, 0, 1:
+    each prompt's samples used, chosen column and reason are those of a Stopper fed its logged
+    rewards in order (driven here, not by beacon.replay's own slow path)."""
+    x = np.array(data, dtype=float)
+    cfg = BeaconConfig(prior=prior, cost=cost, horizon=8, batch_size=batch, robust=robust)
+    res = beacon.replay(x, cfg)
+    for i, row in enumerate(x):
+        cols = np.flatnonzero(~np.isnan(row))
+        s = Stopper(cfg)
+        pos, reason, trunc = 0, None, False
+        while isinstance(d := s.next_decision(), Draw):
+            take = cols[pos : pos + d.count]
+            s.observe(row[take].tolist())
+            pos += take.size
+            if take.size < d.count:
+                trunc, reason = True, "horizon"
+                break
+        else:
+            reason = d.reason
+        assert res.n_samples[i] == s.k
+        assert res.truncated[i] == trunc
+        assert res.stop_reason[i] == reason
+        assert res.chosen[i] == (cols[s.best_index] if s.best_index >= 0 else -1)

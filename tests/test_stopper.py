@@ -4,8 +4,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from beacon import BeaconConfig, Draw, RewardError, Stop, Stopper, StopperStateError
+from beacon import BeaconConfig, Draw, NIGPrior, RewardError, Stop, Stopper, StopperStateError
+from beacon.index import get_table
 
 
 def _bern(**kw: object) -> BeaconConfig:
@@ -188,8 +191,9 @@ def test_a_config_of_the_wrong_type_is_one_error_in_the_stopper_replay_and_sampl
         lambda: replay([[0.0] * 8], cfg),  # type: ignore[arg-type]
         lambda: BeaconSampler(gen, score, cfg),  # type: ignore[arg-type]
     ):
-        with pytest.raises(ConfigTypeError, match=f"must be a beacon.BeaconConfig, got "
-                           f"{type(cfg).__name__}") as e:
+        with pytest.raises(
+            ConfigTypeError, match=f"must be a beacon.BeaconConfig, got {type(cfg).__name__}"
+        ) as e:
             call()
         assert isinstance(e.value, TypeError) and isinstance(e.value, ConfigError)
         assert e.value.field == "cfg" and e.value.value is cfg
@@ -278,3 +282,80 @@ def test_copies_and_pickles_are_independent_stoppers_in_the_same_state(
         assert _drive(ref, rewards[s.k :]) == end
         assert repr(ref.trace) == repr(clone.trace) and repr(ref.state) == repr(clone.state)
         assert (ref.best_index, ref.best_reward) == (clone.best_index, clone.best_reward)
+
+
+# --- the whole protocol and the trace, by hypothesis, against an independent recomputation ------
+
+
+# (prior, horizon): Jeffreys (k0 = 3, shipped tables) and two proper priors sharing the
+# on-demand table (alpha0, nu0) = (1.5, 2.0): beta0 > 0 gives k0 = 0, beta0 = 0 gives k0 = 1.
+_PRIORS = [
+    (NIGPrior(), 8),
+    (NIGPrior(), 12),
+    (NIGPrior(0.2, 2.0, 1.5, 0.5), 6),
+    (NIGPrior(-0.3, 2.0, 1.5, 0.0), 6),
+]
+
+
+def _same(x: float, y: float) -> bool:
+    return x == y or (math.isnan(x) and math.isnan(y))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    case=st.sampled_from(_PRIORS),
+    cost=st.one_of(st.just(1e-9), st.floats(1e-4, 1.0)),  # 1e-9: on to the horizon
+    batch=st.integers(1, 4),
+    robust=st.booleans(),
+    rewards=st.lists(
+        st.one_of(st.floats(-3, 3), st.sampled_from([0.0, 1.0])), min_size=12, max_size=12
+    ),
+)
+def test_protocol_and_trace_by_hypothesis(
+    case: tuple[NIGPrior, int], cost: float, batch: int, robust: bool, rewards: list[float]
+) -> None:
+    prior, n = case
+    cfg = BeaconConfig(prior=prior, horizon=n, cost=cost, batch_size=batch, robust=robust)
+    table = get_table(n, prior.alpha0, prior.nu0)
+    s = Stopper(cfg)
+    with pytest.raises(StopperStateError):
+        s.observe(0.0)  # before any Draw
+    seen = []  # (state, decision) per decision, recorded here independently of the trace
+    while True:
+        st_ = s.state
+        d = s.next_decision()
+        assert s.next_decision() == d  # asking again changes nothing
+        seen.append((st_, d))
+        if isinstance(d, Stop):
+            break
+        if len(seen) == 1:
+            assert d == Draw(max(prior.k0, 1))  # k0 first
+        else:
+            assert d == Draw(min(batch, n - s.k))
+        s.observe(rewards[s.k : s.k + d.count])
+    assert s.k <= n and (s.k == n) == (d == Stop("horizon"))
+    assert d.reason in ("index", "horizon")
+    with pytest.raises(StopperStateError):
+        s.observe(0.0)  # after Stop
+    assert s.next_decision() == d
+    used = rewards[: s.k]
+    assert s.best_index == used.index(max(used)) and s.best_reward == max(used)
+    trace = s.trace
+    assert len(trace) == len(seen)
+    for rec, (st_, dec) in zip(trace, seen, strict=True):
+        assert (rec.k, rec.z) == (st_.k, st_.z)
+        assert _same(rec.mu, st_.mu) and _same(rec.sigma, st_.sigma)
+        assert rec.decision == ("draw" if isinstance(dec, Draw) else "stop")
+        assert rec.count == (dec.count if isinstance(dec, Draw) else 0)
+        assert rec.reason == (dec.reason if isinstance(dec, Stop) else None)
+        if st_.k < max(prior.k0, 1) or st_.k == n:
+            assert math.isnan(rec.h) and math.isnan(rec.threshold) and math.isnan(rec.zhat)
+            continue
+        assert st_.sigma >= 1e-6
+        zhat = (st_.z - st_.mu) / st_.sigma
+        assert rec.zhat == pytest.approx(zhat, rel=1e-12, abs=1e-12)
+        assert rec.h == pytest.approx(table.h(st_.k, zhat), rel=1e-12)
+        assert rec.threshold == pytest.approx(cost / st_.sigma, rel=1e-12)
+        assert rec.decision == ("draw" if rec.h > rec.threshold else "stop")
+        if rec.decision == "stop":
+            assert rec.reason == "index"
