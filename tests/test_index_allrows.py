@@ -265,7 +265,10 @@ REFERENCE_SPREAD = 2e-5
 TABLE_TOLERANCE = 1e-6
 
 
+# About 2 minutes for n = 32 on 2 idle cores; the suite's 300 s per-test limit is a hang guard,
+# which a loaded machine (a CI runner shared with other jobs) could trip on this reference.
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("n", sorted(RESOLUTIONS))
 def test_all_rows_against_reference(n: int) -> None:
     t = get_table(n)
