@@ -78,7 +78,9 @@ __all__ = [
     "FoldFit",
     "LogFormatError",
     "LoggedRewards",
+    "MatchedDifference",
     "PolicyMetrics",
+    "PromptOutcomes",
     "QualityKind",
     "SweepPoint",
     "TuneResult",
@@ -97,8 +99,11 @@ __all__ = [
     "interpolate_fixed",
     "load_logged",
     "logged_from_records",
+    "matched_difference",
+    "matched_fixed_per_prompt",
     "name_reward_error",
     "quality_of",
+    "quality_per_prompt",
     "standardize",
     "sweep_costs",
     "tune",
@@ -717,6 +722,25 @@ def fixed_best_of_n(rewards: FloatArray, n: int) -> tuple[IntArray, FloatArray]:
     return chosen, best
 
 
+@dataclass(frozen=True, eq=False)
+class PromptOutcomes:
+    """What one policy chose on each prompt, in prompt order (kept for paired comparisons).
+
+    Attributes:
+        best_reward: raw reward of the chosen sample.
+        standardized: its per-prompt z-score.
+        correct: its ``correct`` label (NaN where unlabelled), or None when the log has none.
+    """
+
+    best_reward: FloatArray
+    standardized: FloatArray
+    correct: FloatArray | None = None
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.best_reward.size)
+
+
 @dataclass(frozen=True)
 class PolicyMetrics:
     """Metrics of one policy (BEACON at one ``c``, or fixed best-of-N) over a set of prompts.
@@ -732,6 +756,9 @@ class PolicyMetrics:
         value: ``E[zhat_K - K c]``.
         stop_reasons: BEACON's stop-reason counts (None for best-of-N).
         truncated: prompts whose log ran out before BEACON stopped (0 for best-of-N).
+        outcomes: the per-prompt values these means average (:func:`quality_per_prompt`), for
+            paired standard errors; None for metrics built without them. Not serialized and
+            not compared.
     """
 
     policy: str
@@ -744,6 +771,7 @@ class PolicyMetrics:
     value: float
     stop_reasons: dict[str, int] | None = None
     truncated: int = 0
+    outcomes: PromptOutcomes | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -789,6 +817,11 @@ def _metrics(
         mean_standardized_reward=float(np.mean(zbest)),
         accuracy=accuracy,
         value=value,
+        outcomes=PromptOutcomes(
+            best_reward=best,
+            standardized=zbest,
+            correct=None if data.correct is None else data.correct[rows, chosen],
+        ),
     )
 
 
@@ -904,6 +937,106 @@ def quality_of(m: PolicyMetrics, quality: QualityKind) -> float:
             raise ConfigError("quality", quality, "the log has no 'correct' labels")
         return m.accuracy
     raise ConfigError("quality", quality, f"must be one of {', '.join(QUALITY_KINDS)}")
+
+
+def quality_per_prompt(m: PolicyMetrics, quality: QualityKind) -> FloatArray:
+    """Per-prompt values whose mean is :func:`quality_of` ``(m, quality)`` (up to rounding).
+
+    ``standardized`` and ``reward``: the chosen sample's z-score or raw reward. ``accuracy``
+    averages only the labelled chosen samples, a ratio; its per-prompt values are the
+    linearization ``acc + (P / L) * labelled * (label - acc)`` (``P`` prompts, ``L`` labelled),
+    which is the label itself when every chosen sample is labelled and whose mean is ``acc``
+    either way, so a standard error over prompts is the ratio's (delta method).
+    Raises :class:`beacon.ConfigError` when ``m`` carries no per-prompt outcomes.
+    """
+    o = m.outcomes
+    if o is None:
+        raise ConfigError("metrics", m.policy, "carry no per-prompt outcomes")
+    if quality == "standardized":
+        return np.asarray(o.standardized, dtype=np.float64)
+    if quality == "reward":
+        return np.asarray(o.best_reward, dtype=np.float64)
+    if quality == "accuracy":
+        acc = quality_of(m, quality)  # raises without labels
+        assert o.correct is not None
+        labels = np.asarray(o.correct, dtype=np.float64)
+        known = ~np.isnan(labels)
+        dev = np.where(known, labels - acc, 0.0)
+        out: FloatArray = acc + (labels.size / int(np.sum(known))) * dev
+        return out
+    raise ConfigError("quality", quality, f"must be one of {', '.join(QUALITY_KINDS)}")
+
+
+def matched_fixed_per_prompt(
+    fixed: Sequence[PolicyMetrics], avg_samples: float, quality: QualityKind = "standardized"
+) -> FloatArray:
+    """Per prompt, the matched best-of-N quality that :func:`interpolate_fixed` averages.
+
+    At ``avg_samples = N + f`` (``0 <= f < 1``) the matched baseline runs best-of-(N+1) on a
+    fraction ``f`` of the prompts and best-of-N on the rest; in expectation each prompt gets
+    ``(1 - f) q_N(p) + f q_{N+1}(p)``, the same weights as the aggregate interpolation, so the
+    mean over prompts is :func:`interpolate_fixed`'s value (up to rounding). Outside
+    [1, horizon] the end N's values.
+    """
+    if not fixed:
+        raise ConfigError("fixed", 0, "no best-of-N metrics to interpolate")
+    xs = np.array([float(m.avg_samples) for m in fixed])
+    if len(fixed) == 1 or avg_samples <= xs[0]:
+        return quality_per_prompt(fixed[0], quality)
+    if avg_samples >= xs[-1]:
+        return quality_per_prompt(fixed[-1], quality)
+    j = min(int(np.searchsorted(xs, avg_samples, side="right")) - 1, len(fixed) - 2)
+    f = (avg_samples - xs[j]) / (xs[j + 1] - xs[j])
+    lo, hi = quality_per_prompt(fixed[j], quality), quality_per_prompt(fixed[j + 1], quality)
+    out: FloatArray = (1.0 - f) * lo + f * hi
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class MatchedDifference:
+    """BEACON minus best-of-N at the same average samples, with its paired standard error.
+
+    Attributes:
+        diff: ``quality_of(beacon) - interpolate_fixed(fixed, beacon's E[K])``.
+        se: ``sd(d_p) / sqrt(P)`` over the per-prompt differences ``d_p`` (sample sd,
+            ``ddof=1``); None with fewer than 2 prompts or without per-prompt outcomes.
+        n_prompts: ``P``, the prompts compared (0 without per-prompt outcomes).
+        per_prompt: the ``d_p`` (their mean is ``diff`` up to rounding), None without outcomes.
+    """
+
+    diff: float
+    se: float | None
+    n_prompts: int
+    per_prompt: FloatArray | None = None
+
+    def exceeds(self, sds: float = 2.0) -> int:
+        """+1 if ``diff`` is above ``sds`` standard errors, -1 if below minus that, else 0."""
+        if self.se is None:
+            return 0
+        bound = sds * self.se
+        return 1 if self.diff > bound else -1 if self.diff < -bound else 0
+
+
+def matched_difference(
+    m: PolicyMetrics, fixed: Sequence[PolicyMetrics], quality: QualityKind = "standardized"
+) -> MatchedDifference:
+    """``m`` against best-of-N at its average samples, paired over prompts.
+
+    ``d_p = q_beacon(p) - ((1 - f) q_N(p) + f q_{N+1}(p))`` with :func:`quality_per_prompt`'s
+    values (BEACON's chosen sample of each prompt comes from that prompt's own replay, its
+    own fold's under cross-fitting) and :func:`matched_fixed_per_prompt`'s weights; the
+    standard error is ``sd(d_p) / sqrt(P)``. Metrics without per-prompt outcomes get the
+    difference only.
+    """
+    diff = quality_of(m, quality) - interpolate_fixed(fixed, m.avg_samples, quality)
+    sizes = {None if x.outcomes is None else x.outcomes.n_prompts for x in (m, *fixed)}
+    if None in sizes:
+        return MatchedDifference(diff, None, 0)
+    if len(sizes) > 1:
+        raise ConfigError("fixed", sorted(sizes), "BEACON and best-of-N cover other prompts")
+    d = quality_per_prompt(m, quality) - matched_fixed_per_prompt(fixed, m.avg_samples, quality)
+    se = float(np.std(d, ddof=1) / math.sqrt(d.size)) if d.size >= 2 else None
+    return MatchedDifference(diff, se, int(d.size), d)
 
 
 def default_quality(family: str) -> QualityKind:
@@ -1312,9 +1445,14 @@ class TuneResult:
     choice: CostChoice = field()
     crossfit: CrossFit | None = None
 
+    def matched(self) -> MatchedDifference:
+        """The recommendation against best-of-N at its average samples, with a paired SE."""
+        return matched_difference(self.choice.metrics, self.fixed, self.quality)
+
     def to_dict(self) -> dict[str, Any]:
         cfg = self.config.to_dict()
         cfg.pop("cost")
+        md = self.matched()
         return {
             "config": cfg,
             "n_prompts": self.n_prompts,
@@ -1328,6 +1466,9 @@ class TuneResult:
             "matched_fixed_quality": interpolate_fixed(
                 self.fixed, self.choice.metrics.avg_samples, self.quality
             ),
+            "diff": md.diff,
+            "diff_se": md.se,
+            "diff_prompts": md.n_prompts,
             "crossfit": None if self.crossfit is None else self.crossfit.to_dict(),
         }
 

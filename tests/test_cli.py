@@ -20,7 +20,19 @@ from typer.testing import CliRunner
 
 import beacon
 from beacon.cli import app
-from beacon.evaluation import cross_fit, evaluate, interpolate_fixed, load_logged, tune
+from beacon.cli.tune import verdict
+from beacon.evaluation import (
+    CostChoice,
+    PolicyMetrics,
+    PromptOutcomes,
+    SweepPoint,
+    TuneResult,
+    cross_fit,
+    evaluate,
+    interpolate_fixed,
+    load_logged,
+    tune,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "data"
@@ -467,6 +479,22 @@ def test_tune_default_is_cross_fitted_with_jeffreys_baseline(
     assert got["recommended"]["avg_samples"] == pytest.approx(fitted.choice.metrics.avg_samples)
     assert got["baseline"]["variant"] == "Jeffreys prior (paper default)"
     assert got["baseline"]["recommended"]["cost"] == pytest.approx(jeff.choice.cost)
+    # The paired SE over prompts, for the recommendation and the baseline; the creative-writing
+    # win is more than 2 SE, and the mean of the per-prompt differences is the reported one.
+    for part, res in ((got, fitted), (got["baseline"], jeff)):
+        md = res.matched()
+        assert md.per_prompt is not None and md.se is not None
+        m = res.choice.metrics
+        assert part["diff"] == pytest.approx(
+            m.mean_standardized_reward - interpolate_fixed(res.fixed, m.avg_samples), abs=1e-12
+        )
+        assert part["diff"] == pytest.approx(float(np.mean(md.per_prompt)), abs=1e-12)
+        assert part["diff_se"] == pytest.approx(
+            float(np.std(md.per_prompt, ddof=1)) / np.sqrt(data.n_prompts), rel=1e-9
+        )
+        assert part["diff_prompts"] == data.n_prompts
+    assert got["diff"] > 2 * got["diff_se"] and got["beats_best_of_n"] is True
+    assert f"by {got['diff']:+.3f} ± {got['diff_se']:.3f} SE over 100 prompts" in got["verdict"]
     # The printed deployment command runs and writes the prior for the whole log.
     fit_cmd = [line.strip() for line in got["deploy"] if "beacon fit-prior" in line]
     assert len(fit_cmd) == 1
@@ -502,12 +530,109 @@ def test_tune_says_when_beacon_does_not_beat_best_of_n() -> None:
     flat = " ".join(out.split())
     assert code == 0 and "verdict: on this log BEACON at this c" in flat
     assert "fixed best-of-N (N = 1..11) is at least as good for the same samples" in flat
-    # A measured win is called one; the baseline sub-dict gets its own verdict.
+    # A win by more than 2 SE is called one; the baseline sub-dict gets its own verdict (the
+    # Jeffreys prior's loss on this log is within 2 SE: not distinguishable, not a loss).
     code, out, _ = run("tune", WRITING, "--json")
     got = json.loads(out)
     assert got["beats_best_of_n"] is True and "beats best-of-N" in got["verdict"]
-    assert got["baseline"]["beats_best_of_n"] is False
-    assert "does worse than best-of-N" in got["baseline"]["verdict"]
+    assert got["diff"] > 2 * got["diff_se"]
+    base = got["baseline"]
+    assert base["beats_best_of_n"] is False
+    assert base["diff"] < 0 and abs(base["diff"]) <= 2 * base["diff_se"]
+    assert "is not distinguishable from best-of-N" in base["verdict"]
+    assert "within 2 SE" in base["verdict"]
+    code, out, _ = run("tune", WRITING)
+    flat = " ".join(out.split())
+    assert code == 0
+    assert (
+        f"best-of-N at the same samples {got['matched_fixed_quality']:.3f} "
+        f"({got['diff']:+.3f} ± {got['diff_se']:.3f} SE over 100 prompts)"
+    ) in flat
+    assert "verdict: on this log BEACON beats best-of-N at the same average samples by" in flat
+
+
+def _prompts(src: Path, dst: Path, n: int) -> Path:
+    lines = src.read_text(encoding="utf-8").splitlines()[:n]
+    dst.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return dst
+
+
+def test_tune_small_noisy_log_is_not_called_a_win(tmp_path: Path) -> None:
+    """5 prompts: a positive difference within 2 SE is noise, not a win."""
+    log = _prompts(WRITING, tmp_path / "five.jsonl", 5)
+    code, out, _ = run("tune", log, "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert got["beats_best_of_n"] is False
+    assert got["n_prompts"] == 5 and got["diff_prompts"] == 5
+    assert 0 < got["diff"] <= 2 * got["diff_se"]
+    assert "is not distinguishable from best-of-N" in got["verdict"]
+    assert f"{got['diff']:+.3f} ± {got['diff_se']:.3f} SE over 5 prompts" in got["verdict"]
+    assert "more prompts would tell" in got["verdict"]
+    code, out, _ = run("tune", log)
+    flat = " ".join(out.split())
+    assert code == 0 and "verdict: on this log BEACON at this c is not distinguishable" in flat
+    assert "beats best-of-N at the same average samples by" not in flat
+
+
+def test_tune_one_prompt_has_no_standard_error(tmp_path: Path) -> None:
+    log = _prompts(WRITING, tmp_path / "one.jsonl", 1)
+    code, out, _ = run("tune", log, "--prior", "jeffreys", "--json")
+    assert code == 0
+
+    def no_constant(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    got = json.loads(out, parse_constant=no_constant)
+    assert got["diff_se"] is None and got["diff_prompts"] == 1
+    assert got["beats_best_of_n"] is False
+
+
+def _tune_result(beacon_q: np.ndarray, fixed_q: np.ndarray, k: float) -> TuneResult:
+    """A sweep of one point: BEACON's per-prompt quality at avg samples k; best-of-N's per N."""
+
+    def pm(q: np.ndarray, avg: float, n: int | None) -> PolicyMetrics:
+        mean = float(np.mean(q))
+        return PolicyMetrics(
+            "beacon" if n is None else "best-of-N", n, 0.1, avg, mean, mean, None, mean,
+            outcomes=PromptOutcomes(q, q),
+        )
+
+    fixed = tuple(pm(fixed_q[:, j], j + 1.0, j + 1) for j in range(fixed_q.shape[1]))
+    m = pm(beacon_q, k, None)
+    return TuneResult(
+        config=beacon.BeaconConfig(cost=0.1, horizon=fixed_q.shape[1]),
+        requested_horizon=None,
+        n_prompts=beacon_q.size,
+        quality="standardized",
+        points=(SweepPoint(0.1, m),),
+        fixed=fixed,
+        knee=0,
+        choice=CostChoice(0.1, m, "knee"),
+    )
+
+
+def test_verdict_is_a_win_only_above_two_standard_errors() -> None:
+    rng = np.random.default_rng(3)
+    p = 40
+    fixed_q = np.sort(rng.normal(size=(p, 4)), axis=1)  # best-of-N rises with N
+    base = 0.5 * fixed_q[:, 1] + 0.5 * fixed_q[:, 2]  # matched at 2.5 samples
+    noise = rng.normal(size=p)
+    noise = (noise - noise.mean()) / noise.std(ddof=1)  # mean 0, sd 1: SE = 1 / sqrt(p)
+    se = 1.0 / np.sqrt(p)
+    for shift, beats, words in (
+        (3.0 * se, True, "beats best-of-N"),
+        (1.0 * se, False, "is not distinguishable from best-of-N"),
+        (-1.0 * se, False, "is not distinguishable from best-of-N"),
+        (-3.0 * se, False, "does worse than best-of-N"),
+    ):
+        res = _tune_result(base + noise + shift, fixed_q, 2.5)
+        md = res.matched()
+        assert md.diff == pytest.approx(shift, abs=1e-12)
+        assert md.se == pytest.approx(se, rel=1e-9)
+        won, text = verdict(res)
+        assert won is beats and words in text, (shift, text)
+        assert f"{shift:+.3f} ± {se:.3f} SE over {p} prompts" in text
 
 
 def test_tune_text_names_variants_and_deploy_command() -> None:

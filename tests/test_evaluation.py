@@ -37,7 +37,10 @@ from beacon.evaluation import (
     interpolate_fixed,
     load_logged,
     logged_from_records,
+    matched_difference,
+    matched_fixed_per_prompt,
     quality_of,
+    quality_per_prompt,
     standardize,
     sweep_costs,
     tune,
@@ -463,6 +466,109 @@ def test_interpolate_fixed() -> None:
     assert interpolate_fixed(fixed, 9.0) == pytest.approx(math.log(5) + 1)
     with pytest.raises(beacon.ConfigError, match="correct"):
         quality_of(fixed[0], "accuracy")
+
+
+def _small_log() -> LoggedRewards:
+    """9 prompts x 6 samples of seeded normal rewards; labels r > 0.5, a quarter unlabelled."""
+    rng = np.random.default_rng(7)
+    r = rng.normal(size=(9, 6)) * rng.uniform(0.5, 3.0, size=(9, 1)) + rng.normal(size=(9, 1))
+    c = (r > 0.5).astype(np.float64)
+    c[rng.random(c.shape) < 0.25] = np.nan
+    return LoggedRewards(tuple(f"p{i}" for i in range(9)), r, c)
+
+
+def test_matched_difference_se_against_an_independent_computation() -> None:
+    """d_p and sd(d_p) / sqrt(P), recomputed with numpy from the replay's own choices."""
+    from beacon.replay import replay
+
+    d = _small_log()
+    cfg = beacon.BeaconConfig(cost=0.3, horizon=6)
+    ev = evaluate(d, cfg)
+    md = matched_difference(ev.beacon, ev.fixed, "standardized")
+    # independently: z-scores, BEACON's chosen sample, best-of-N and N+1 mixed with weight f
+    r = d.rewards
+    z = (r - r.mean(axis=1, keepdims=True)) / r.std(axis=1, keepdims=True)
+    rep = replay(r, cfg)
+    rows = np.arange(r.shape[0])
+    zb = z[rows, np.asarray(rep.chosen)]
+    k = float(np.mean(rep.n_samples))
+    n = math.floor(k)
+    f = k - n
+    assert 1 <= n < 6 and 0 < f < 1  # a mixed baseline, not a single N
+    z_n = z[rows, np.argmax(r[:, :n], axis=1)]
+    z_n1 = z[rows, np.argmax(r[:, : n + 1], axis=1)]
+    dp = zb - ((1 - f) * z_n + f * z_n1)
+    assert md.n_prompts == 9 and md.per_prompt is not None
+    np.testing.assert_allclose(md.per_prompt, dp, rtol=0, atol=1e-12)
+    assert md.se == pytest.approx(float(np.std(dp, ddof=1)) / 3.0, rel=1e-12)
+    assert md.diff == pytest.approx(float(np.mean(dp)), abs=1e-12)
+    # The mean of the d_p is the aggregate difference the CLI prints, for every quality.
+    for q in ("standardized", "reward", "accuracy"):
+        mq = matched_difference(ev.beacon, ev.fixed, q)
+        assert mq.per_prompt is not None and mq.se is not None and mq.se > 0
+        agg = quality_of(ev.beacon, q) - interpolate_fixed(ev.fixed, ev.beacon.avg_samples, q)
+        assert mq.diff == agg
+        assert float(np.mean(mq.per_prompt)) == pytest.approx(agg, rel=1e-12, abs=1e-14)
+        for m in (ev.beacon, *ev.fixed):
+            assert float(np.mean(quality_per_prompt(m, q))) == pytest.approx(
+                quality_of(m, q), rel=1e-12, abs=1e-14
+            )
+        base = matched_fixed_per_prompt(ev.fixed, ev.beacon.avg_samples, q)
+        assert float(np.mean(base)) == pytest.approx(
+            interpolate_fixed(ev.fixed, ev.beacon.avg_samples, q), rel=1e-12, abs=1e-14
+        )
+
+
+def test_accuracy_per_prompt_is_the_ratio_linearization() -> None:
+    """Unlabelled chosen samples are left out of accuracy; the per-prompt values keep its mean."""
+    d = _small_log()
+    m = evaluate_beacon(d.truncate(6), beacon.BeaconConfig(cost=0.3, horizon=6))
+    assert m.outcomes is not None and m.outcomes.correct is not None
+    labels = m.outcomes.correct
+    known = ~np.isnan(labels)
+    assert 0 < known.sum() < labels.size  # some chosen samples are unlabelled
+    acc = float(np.mean(labels[known]))
+    want = acc + labels.size / known.sum() * np.where(known, labels - acc, 0.0)
+    np.testing.assert_allclose(quality_per_prompt(m, "accuracy"), want, rtol=0, atol=1e-15)
+    assert m.accuracy == acc
+
+
+def test_matched_difference_under_crossfit_uses_each_folds_replay() -> None:
+    """Per-prompt BEACON values come from each prompt's own fold's replay; mean(d_p) = diff."""
+    from beacon.replay import replay
+
+    data = load_logged(WRITING)
+    cf = cross_fit(data, "normal", "gaussianize")
+    cfg = beacon.BeaconConfig(cost=0.16, horizon=10)
+    ev = evaluate(data, cfg, cf)
+    md = matched_difference(ev.beacon, ev.fixed)
+    d = data.truncate(10)
+    zb = np.empty(d.n_prompts)
+    for f in range(cf.n_folds):
+        rows = np.flatnonzero(cf.folds == f)
+        res = replay(d.rewards[rows], cf.fold_config(f, cfg))
+        zb[rows] = d.standardized[rows, np.asarray(res.chosen)]
+    base = matched_fixed_per_prompt(ev.fixed, ev.beacon.avg_samples)
+    assert md.per_prompt is not None and md.se is not None
+    np.testing.assert_allclose(md.per_prompt, zb - base, rtol=0, atol=1e-12)
+    assert float(np.mean(md.per_prompt)) == pytest.approx(
+        ev.beacon.mean_standardized_reward - ev.matched_fixed_standardized, rel=1e-12
+    )
+    assert md.se == pytest.approx(float(np.std(zb - base, ddof=1) / 10.0), rel=1e-12)
+
+
+def test_matched_difference_without_outcomes_or_prompts() -> None:
+    """Hand-built metrics carry no per-prompt values: the difference only, no SE."""
+    fixed = [_pm(n, math.log(n) + 1, n) for n in range(1, 6)]
+    md = matched_difference(_pm(2.5, 1.9), fixed)
+    assert md.se is None and md.per_prompt is None and md.exceeds() == 0
+    assert md.diff == pytest.approx(1.9 - interpolate_fixed(fixed, 2.5))
+    with pytest.raises(beacon.ConfigError, match="per-prompt"):
+        quality_per_prompt(fixed[0], "standardized")
+    one = _small_log().subset([0])
+    ev = evaluate(one, beacon.BeaconConfig(cost=0.3, horizon=6))
+    solo = matched_difference(ev.beacon, ev.fixed)
+    assert solo.n_prompts == 1 and solo.se is None  # no sd from one prompt
 
 
 def test_find_knee_on_a_saturating_curve() -> None:

@@ -51,10 +51,12 @@ from beacon.errors import ConfigError
 from beacon.evaluation import (
     QUALITY_KINDS,
     LoggedRewards,
+    MatchedDifference,
     QualityKind,
     TuneResult,
     cost_grid,
     interpolate_fixed,
+    matched_difference,
     quality_of,
     tune,
 )
@@ -105,29 +107,58 @@ def matched_range(res: TuneResult) -> tuple[float, float]:
     return min(diffs), max(diffs)
 
 
+def _pm_se(md: MatchedDifference, scale: float | None) -> str:
+    """``+0.185 ± 0.041 SE over 100 prompts`` (the difference alone without an SE)."""
+    diff = fmt(md.diff, scale=scale, sign=True)
+    if md.se is None:
+        return f"{diff} over {md.n_prompts} prompt" if md.n_prompts == 1 else diff
+    return f"{diff} ± {fmt(md.se, scale=scale)} SE over {md.n_prompts} prompts"
+
+
 def verdict(res: TuneResult) -> tuple[bool, str]:
     """Whether BEACON at the recommended ``c`` beats best-of-N at the same average samples.
 
-    Measured on this log, in units of ``res.quality``: a win only when the difference is above a
-    thousandth of the best-of-1..best-of-horizon span (scale-free; smaller is a tie at the
-    printed precision). When it is not a win, says whether any ``c`` of the sweep beats it, so
-    the summary never implies a gain that was not measured.
+    Measured on this log, in units of ``res.quality``, with the paired standard error over
+    prompts (:func:`beacon.evaluation.matched_difference`): a win only when the difference is
+    above 2 SE (and above a thousandth of the best-of-1..best-of-horizon span, a tie at the
+    printed precision); a loss only below minus that; in between BEACON is not
+    distinguishable from best-of-N on this log. When it is not a win, says whether any ``c`` of
+    the sweep beats it, so the summary never implies a gain that was not measured.
     """
     q = res.quality
-    m = res.choice.metrics
-    d = quality_of(m, q) - interpolate_fixed(res.fixed, m.avg_samples, q)
+    md = res.matched()
+    d = md.diff
     span = abs(quality_of(res.fixed[-1], q) - quality_of(res.fixed[0], q))
     tol = 1e-3 * span
     scale = _quality_scale(res)
-    diff = fmt(d, scale=scale, sign=True)
+    figure = _pm_se(md, scale)
     n = len(res.fixed)
-    if d > tol:
+    side = md.exceeds(2.0)
+    # the difference in SEs, so a figure like +0.020 ± 0.010 says on which side of 2 it falls
+    ratio = f"{md.diff / md.se:+.2f} SE, " if md.se else ""
+    if d > tol and side > 0:
         return True, (
-            f"on this log ({res.n_prompts} prompts) BEACON beats best-of-N at the same average "
-            f"samples by {diff} {q}."
+            f"on this log BEACON beats best-of-N at the same average samples by {figure} "
+            f"({q}; {ratio}more than 2 SE)."
         )
-    how = "is no better than" if d >= -tol else "does worse than"
-    text = f"on this log BEACON at this c {how} best-of-N at the same average samples ({diff} {q})"
+    if abs(d) <= tol:
+        text = (
+            "on this log BEACON at this c is no better than best-of-N at the same average "
+            f"samples ({figure}, {q})"
+        )
+    elif side < 0:
+        text = (
+            "on this log BEACON at this c does worse than best-of-N at the same average samples "
+            f"({figure}, {q}; {ratio}more than 2 SE below)"
+        )
+    else:
+        why = f"{ratio}within 2 SE" if md.se is not None else "no standard error" + (
+            " from 1 prompt" if md.n_prompts == 1 else ""
+        )
+        text = (
+            "on this log BEACON at this c is not distinguishable from best-of-N at the same "
+            f"average samples ({figure}, {q}; {why}: more prompts would tell)"
+        )
     lo, hi = matched_range(res)
     if hi > tol:
         best = max(
@@ -135,9 +166,11 @@ def verdict(res: TuneResult) -> tuple[bool, str]:
             key=lambda p: quality_of(p.metrics, q)
             - interpolate_fixed(res.fixed, p.metrics.avg_samples, q),
         )
+        bmd = matched_difference(best.metrics, res.fixed, q)
         text += (
-            f"; the sweep's best difference is {fmt(hi, scale=scale, sign=True)} at c = "
-            f"{best.cost:.4g} ({best.metrics.avg_samples:.2f} samples)."
+            f"; the sweep's best difference is {_pm_se(bmd, scale)} at c = "
+            f"{best.cost:.4g} ({best.metrics.avg_samples:.2f} samples; the largest of the "
+            "sweep's differences, so an optimistic one)."
         )
     else:
         text += (
@@ -436,6 +469,7 @@ def recommendation_lines(res: TuneResult) -> list[str]:
     m = ch.metrics
     saved = 100.0 * (1.0 - m.avg_samples / full.avg_samples)
     matched = interpolate_fixed(res.fixed, m.avg_samples, q)
+    md = res.matched()
     qs, rs = _quality_scale(res), reward_scale(res.fixed)
     why = {
         "knee": "the knee of the quality-samples curve",
@@ -447,15 +481,15 @@ def recommendation_lines(res: TuneResult) -> list[str]:
         f"{cost_units(res.crossfit, res.config.family)}).",
         f"  BEACON: {m.avg_samples:.2f} samples per prompt ({saved:.0f}% fewer than "
         f"best-of-{full.n}), {q} {fmt(quality_of(m, q), scale=qs)}; best-of-N at the same "
-        f"samples {fmt(matched, scale=qs)} ({fmt(quality_of(m, q) - matched, scale=qs, sign=True)}"
-        f"); best-of-{full.n} {fmt(quality_of(full, q), scale=qs)}.",
+        f"samples {fmt(matched, scale=qs)} ({_pm_se(md, qs)}); best-of-{full.n} "
+        f"{fmt(quality_of(full, q), scale=qs)}.",
     ]
     if q != "reward":
         raw = interpolate_fixed(res.fixed, m.avg_samples, "reward")
+        rmd = matched_difference(m, res.fixed, "reward")
         lines.append(
             f"  mean raw reward of the chosen sample: BEACON {fmt(m.mean_best_reward, scale=rs)}, "
-            f"best-of-N at the same samples {fmt(raw, scale=rs)} "
-            f"({fmt(m.mean_best_reward - raw, scale=rs, sign=True)})."
+            f"best-of-N at the same samples {fmt(raw, scale=rs)} ({_pm_se(rmd, rs)})."
         )
     if m.accuracy is not None and q != "accuracy" and full.accuracy is not None:
         lines.append(f"  accuracy: BEACON {m.accuracy:.3f}, best-of-{full.n} {full.accuracy:.3f}.")
