@@ -1078,7 +1078,19 @@ class Evaluation:
         """The fixed N with the highest value ``E[zhat_N - N c]``."""
         return max(self.fixed, key=lambda m: m.value)
 
+    def matched(self, quality: QualityKind = "standardized") -> MatchedDifference:
+        """BEACON minus best-of-N at its average samples in ``quality``, with the paired
+        standard error over prompts (:func:`matched_difference`)."""
+        return matched_difference(self.beacon, self.fixed, quality)
+
     def to_dict(self) -> dict[str, Any]:
+        kinds: list[QualityKind] = ["standardized", "reward"]
+        if self.matched_fixed_accuracy is not None:
+            kinds.append("accuracy")
+        diffs = {}
+        for q in kinds:
+            md = self.matched(q)
+            diffs[q] = {"diff": md.diff, "se": md.se, "prompts": md.n_prompts}
         return {
             "config": self.config.to_dict(),
             "n_prompts": self.n_prompts,
@@ -1092,6 +1104,8 @@ class Evaluation:
                 "mean_best_reward": self.matched_fixed_reward,
                 "accuracy": self.matched_fixed_accuracy,
             },
+            # BEACON minus matched best-of-N per quality, with its paired SE over prompts
+            "matched_difference": diffs,
             "best_fixed_value": {"n": self.best_fixed.n, "value": self.best_fixed.value},
         }
 

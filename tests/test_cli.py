@@ -104,6 +104,35 @@ def test_replay_json_matches_library_bernoulli() -> None:
     assert got["config"]["family"] == "bernoulli"
 
 
+def test_replay_reports_the_matched_difference_with_its_paired_se() -> None:
+    """The matched difference's SE, recomputed here from the replay's own choices: per prompt,
+    BEACON's chosen z-score minus best-of-N's mixed at BEACON's average samples."""
+    from beacon.evaluation import standardize
+    from beacon.replay import replay
+
+    code, out, _ = run("replay", WRITING, "--cost", "0.1", "--horizon", "8", "--json")
+    assert code == 0
+    got = json.loads(out)["matched_difference"]["standardized"]
+    data = load_logged(WRITING)
+    x = data.rewards[:, :8]
+    z = standardize(data.rewards)[:, :8]  # z-scores over all logged samples of the prompt
+    res = replay(x, beacon.BeaconConfig(cost=0.1, horizon=8))
+    zb = z[np.arange(len(z)), res.chosen]
+    k = float(res.n_samples.mean())
+    n, f = int(np.floor(k)), k - np.floor(k)
+
+    def best_of(m: int) -> np.ndarray:
+        first = np.argmax(x[:, :m], axis=1)  # the first of tied best raw rewards
+        return z[np.arange(len(z)), first]
+
+    d = zb - ((1 - f) * best_of(n) + (f * best_of(n + 1) if f > 0 else 0.0))
+    assert got["prompts"] == len(d)
+    assert got["diff"] == pytest.approx(float(d.mean()), abs=1e-12)
+    assert got["se"] == pytest.approx(float(d.std(ddof=1) / np.sqrt(len(d))), rel=1e-9)
+    code, text, _ = run("replay", WRITING, "--cost", "0.1", "--horizon", "8")
+    assert f"{d.mean():+.3f} ± {got['se']:.3f} SE over {len(d)} prompts" in text
+
+
 def test_replay_table_normal_family() -> None:
     code, out, _ = run("replay", WRITING, "--cost", "0.1", "--horizon", "8")
     assert code == 0

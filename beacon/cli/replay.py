@@ -34,7 +34,7 @@ from beacon.cli.common import (
     spinner,
 )
 from beacon.config import BeaconConfig
-from beacon.evaluation import CrossFit, Evaluation, LoggedRewards, evaluate
+from beacon.evaluation import CrossFit, Evaluation, LoggedRewards, QualityKind, evaluate
 from beacon.priors import BetaPrior, NIGPrior
 
 __all__ = [
@@ -136,6 +136,16 @@ def replay_table(ev: Evaluation, title: str) -> Table:
     return t
 
 
+def _paired(ev: Evaluation, quality: QualityKind) -> str:
+    """BEACON minus matched best-of-N, with its paired standard error over prompts when the
+    log has two prompts or more (the spread of the per-prompt differences: a difference within
+    about 2 SE is one this log cannot tell from noise)."""
+    md = ev.matched(quality)
+    if md.se is None:
+        return f"{md.diff:+.3f}"
+    return f"{md.diff:+.3f} ± {md.se:.3f} SE over {md.n_prompts} prompts"
+
+
 def summary_lines(ev: Evaluation) -> list[str]:
     """Plain-language comparison: savings, matched-samples quality, best fixed N by value."""
     b, full = ev.beacon, ev.fixed[-1]
@@ -146,13 +156,14 @@ def summary_lines(ev: Evaluation) -> list[str]:
         f"best-of-{full.n} (stop reasons: {reasons}).",
         f"Quality, mean zhat: BEACON {b.mean_standardized_reward:.3f}; best-of-N at the same "
         f"{b.avg_samples:.2f} samples (interpolated in N) {ev.matched_fixed_standardized:.3f} "
-        f"({b.mean_standardized_reward - ev.matched_fixed_standardized:+.3f}); "
+        f"({_paired(ev, 'standardized')}); "
         f"best-of-{full.n} {full.mean_standardized_reward:.3f}.",
     ]
     if b.accuracy is not None and ev.matched_fixed_accuracy is not None:
         lines.append(
             f"Accuracy: BEACON {b.accuracy:.3f}; best-of-N at matched samples "
-            f"{ev.matched_fixed_accuracy:.3f}; best-of-{full.n} {full.accuracy:.3f}."
+            f"{ev.matched_fixed_accuracy:.3f} ({_paired(ev, 'accuracy')}); "
+            f"best-of-{full.n} {full.accuracy:.3f}."
         )
     bf = ev.best_fixed
     diff = b.value - bf.value
