@@ -7,7 +7,8 @@ part that performs I/O. Framework adapters live in ``beacon_integrations`` (neve
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 from beacon.config import BeaconConfig
 from beacon.errors import (
@@ -24,6 +25,26 @@ from beacon.priors import BetaPrior, NIGPrior, load_prior
 from beacon.replay import ReplayResult, replay
 from beacon.stopper import STOP_REASONS, Draw, Stop, Stopper, TraceRecord
 from beacon.transforms import LogitTransform, RewardTransform
+
+if TYPE_CHECKING:
+    # The lazily loaded names below, as type checkers should see them (at runtime they come
+    # from ``__getattr__``; without these imports a user's ``from beacon import BeaconSampler``
+    # would be typed ``Any``).
+    import numpy as np
+    import numpy.typing as npt
+
+    from beacon.budget import Budget, cost_from_price
+    from beacon.engine import BatchScorer, BeaconSampler, Generation
+    from beacon.events import BeaconEvent, DecisionEvent, Observer, SampleEvent
+    from beacon.fitting import (
+        FitResult,
+        GaussianizeTransform,
+        fit_prior,
+        fit_reward_model,
+        load_fit,
+    )
+    from beacon.result import BeaconResult, Candidate, Usage
+    from beacon.retry import RetryPolicy, TransientError, is_retryable
 
 __version__ = "0.1.0"
 
@@ -117,10 +138,23 @@ __all__ = [  # noqa: RUF022 - grouped: core names, then lazily loaded ones
 ]
 
 
-def h_index(n: int, k: int, z: Any, prior: NIGPrior | None = None) -> Any:
+@overload
+def h_index(n: int, k: int, z: float, prior: NIGPrior | None = None) -> float: ...
+
+
+@overload
+def h_index(
+    n: int, k: int, z: npt.NDArray[Any] | Sequence[Any], prior: NIGPrior | None = None
+) -> npt.NDArray[np.float64]: ...
+
+
+def h_index(
+    n: int, k: int, z: float | npt.NDArray[Any] | Sequence[Any], prior: NIGPrior | None = None
+) -> float | npt.NDArray[np.float64]:
     """h_{n,k}(z) for the ``normal`` family (Jeffreys' prior unless ``prior`` is given).
 
-    ``z`` may be a float or an array; valid for k_min <= k < n with k_min = max(k0, 1).
+    ``z`` may be a float (the result is a float) or an array / nested sequence of them (the
+    result is a float64 array of its shape); valid for k_min <= k < n with k_min = max(k0, 1).
     """
     from beacon.index import get_table
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from beacon._checks import boolean, is_integer, is_real, real_as_float
 from beacon.errors import ConfigError, ConfigTypeError
 from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
 from beacon.transforms import RewardTransform, make_transform
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["BeaconConfig"]
 
@@ -46,6 +49,24 @@ class BeaconConfig:
     # Derived once at construction (the Stopper reads them on every decision).
     _prior: Prior = field(init=False, repr=False, compare=False)
     _k0: int = field(init=False, repr=False, compare=False)
+
+    if TYPE_CHECKING:
+        # What the constructor accepts, for type checkers: wider than the stored field types
+        # (``__post_init__`` normalises a numpy scalar to int/float/bool, a prior dict to a
+        # prior and a transform name or dict to a transform). At runtime the dataclass
+        # ``__init__`` is generated as usual; tests/test_typing.py checks the two agree.
+        def __init__(
+            self,
+            cost: float | np.floating[Any] = 0.1,
+            horizon: int | np.integer[Any] = 32,
+            family: str = "normal",
+            batch_size: int | np.integer[Any] = 1,
+            robust: bool | np.bool_ = True,
+            robust_quantile: float | np.floating[Any] = 0.01,
+            prior: Prior | dict[str, Any] | None = None,
+            transform: RewardTransform | str | dict[str, Any] | None = None,
+            max_failures: int | np.integer[Any] = 3,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         from beacon.families import get_family

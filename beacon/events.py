@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -107,7 +107,9 @@ class DecisionEvent:
 
 
 BeaconEvent: TypeAlias = SampleEvent | DecisionEvent
-Observer: TypeAlias = Callable[[BeaconEvent], Awaitable[None] | None]
+Observer: TypeAlias = Callable[[BeaconEvent], object]
+"""A callable taking one event. Its result is awaited when awaitable and otherwise ignored, so
+any return type is accepted (``log.write`` returning an int, ``list.append``, ``async def``)."""
 
 
 async def emit(observers: Sequence[Observer], event: BeaconEvent) -> None:

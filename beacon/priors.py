@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,7 @@ def prior_from_dict(data: dict[str, Any]) -> Prior:
     return cls(**fields)
 
 
-def load_prior(path: str | Path) -> Prior:
+def load_prior(path: str | os.PathLike[str]) -> Prior:
     """Load a prior saved as JSON (e.g. by ``beacon fit-prior``)."""
     p = Path(path)
     try:

@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from beacon._checks import is_real, positive_int, real_as_float
 from beacon.errors import ConfigError
@@ -138,7 +138,9 @@ class RetryPolicy:
         max_delay: cap on one delay, seconds.
         jitter: fraction of the delay randomised away, in [0, 1]; the wait is uniform in
             ``[d * (1 - jitter), d]``.
-        retry_on: predicate deciding retryability; ``None`` uses :func:`is_retryable`.
+        retry_on: predicate deciding retryability; ``None`` uses :func:`is_retryable`. The
+            engine calls it with the ``Exception`` a call raised (never with a bare
+            ``BaseException`` such as a cancellation), so it may be typed ``(Exception) -> bool``.
     """
 
     max_attempts: int = 3
@@ -146,7 +148,7 @@ class RetryPolicy:
     multiplier: float = 2.0
     max_delay: float = 10.0
     jitter: float = 1.0
-    retry_on: Callable[[BaseException], bool] | None = None
+    retry_on: Callable[[Exception], bool] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_attempts", positive_int("max_attempts", self.max_attempts))
@@ -176,7 +178,9 @@ class RetryPolicy:
         """Retry after failed attempt number ``attempt`` (1-based)?"""
         if attempt >= self.max_attempts:
             return False
-        pred = self.retry_on or is_retryable
+        # ``retry_on`` is typed for the Exceptions the engine passes; a direct caller passing
+        # another BaseException reaches it unchanged, as before.
+        pred = cast(Callable[[BaseException], bool], self.retry_on or is_retryable)
         try:
             return bool(pred(exc))
         except Exception as perr:

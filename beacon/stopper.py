@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from beacon._checks import is_integer
 from beacon.config import BeaconConfig
@@ -35,7 +35,13 @@ from beacon.errors import ConfigError, ConfigTypeError, RewardError, StopperStat
 from beacon.families import get_family
 from beacon.families.base import DecisionTuple
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["STOP_REASONS", "Draw", "Stop", "Stopper", "TraceRecord"]
+
+# One reward as Stopper.observe takes it: a Python or numpy real number (stored as a float).
+_Reward: TypeAlias = "float | np.floating[Any] | np.integer[Any]"
 
 STOP_REASONS = ("index", "horizon", "absorbed", "budget", "error")
 
@@ -309,8 +315,9 @@ class Stopper:
         self._raw_trace.append((st, zhat, h, threshold, "draw", count, None))
         return draw
 
-    def observe(self, reward: float | Iterable[float]) -> None:
-        """Feed the reward(s) of pending samples, in the order they were drawn."""
+    def observe(self, reward: _Reward | Iterable[_Reward]) -> None:
+        """Feed the reward(s) of pending samples, in the order they were drawn: one number
+        (numpy scalars too) or an iterable of them (a list, a numpy array)."""
         if type(reward) is float and self._pending:  # one reward of a pending draw: short path
             pos = self._n_obs
             if self._direct and _isfinite(reward):
@@ -347,7 +354,7 @@ class Stopper:
         return self._stop
 
     # -- internals -----------------------------------------------------------------------------
-    def _observe_many(self, reward: float | Iterable[float]) -> None:
+    def _observe_many(self, reward: _Reward | Iterable[_Reward]) -> None:
         """:meth:`observe` for any input: checks, then updates in order (state stored last)."""
         if self._stop is not None:
             raise StopperStateError(f"observe after Stop({self._stop.reason!r})")

@@ -32,7 +32,7 @@ import queue
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
@@ -246,6 +246,25 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
     retry: InstanceOf[RetryPolicy] | None = Field(default=None, exclude=True)
     timeout: float | None = 60.0
     budget: InstanceOf[Budget] | None = Field(default=None, exclude=True)
+
+    if TYPE_CHECKING:
+        # What the constructor accepts, for type checkers: the validators below also take a
+        # plain callable as ``model`` (wrapped in ``RunnableLambda``) and a ``to_dict()`` dict
+        # as ``config``, which the field types (what the attributes hold) do not say.
+        def __init__(
+            self,
+            *,
+            model: Runnable[Any, Any] | Callable[..., Any],
+            scorer: Any,
+            config: BeaconConfig | dict[str, Any] = ...,
+            return_result: bool = False,
+            rate_limiter: BaseRateLimiter | None = None,
+            max_concurrency: int = 16,
+            retry: RetryPolicy | None = None,
+            timeout: float | None = 60.0,
+            budget: Budget | None = None,
+            name: str | None = None,
+        ) -> None: ...
 
     # -- validation ------------------------------------------------------------------------------
     @field_validator("model", mode="before")

@@ -29,7 +29,7 @@ import math
 import numbers
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
@@ -41,8 +41,12 @@ from beacon.errors import ConfigError, ConfigTypeError, RewardError
 __all__ = [
     "BatchScorer",
     "GenerateFn",
+    "GenerateLike",
     "Generation",
     "ScoreFn",
+    "ScoreLike",
+    "SupportsAcomplete",
+    "SupportsAinvoke",
     "as_reward",
     "batch_rewards",
     "coerce_generation",
@@ -111,6 +115,29 @@ class BatchScorer:
 
 GenerateFn = Callable[[Any], Awaitable[Generation]]
 ScoreFn = Callable[[Any, list[str]], Awaitable[list[float]]]
+
+
+class SupportsAinvoke(Protocol):
+    """A model with an async ``ainvoke(prompt)`` (LangChain runnables and chat models)."""
+
+    def ainvoke(self, input: Any, /) -> Awaitable[Any]: ...
+
+
+class SupportsAcomplete(Protocol):
+    """A model with an async ``acomplete(prompt)`` (LlamaIndex LLMs)."""
+
+    def acomplete(self, prompt: Any, /) -> Awaitable[Any]: ...
+
+
+GenerateLike: TypeAlias = Callable[[Any], Any] | SupportsAinvoke | SupportsAcomplete
+"""What ``BeaconSampler`` takes as ``generate``: ``generate(prompt)``, sync or async, returning
+``str``, :class:`Generation` or a framework response object, or an object with an async
+``ainvoke`` / ``acomplete``."""
+
+ScoreLike: TypeAlias = Callable[[Any, Any], Any]
+"""What ``BeaconSampler`` takes as ``score``: ``score(prompt, text) -> reward`` or, declared
+batched (:class:`BatchScorer`, ``batched = True``), ``score(prompt, [texts]) -> [rewards]``;
+sync or async."""
 
 
 def is_batched(score: Any) -> bool:

@@ -29,6 +29,8 @@ from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine.calls import CallGuard, adopt_running_loop
 from beacon.engine.protocol import (
+    GenerateLike,
+    ScoreLike,
     is_inline_sync,
     make_generate,
     make_score,
@@ -143,8 +145,8 @@ class BeaconSampler:
 
     def __init__(
         self,
-        generate: Any,
-        score: Any,
+        generate: GenerateLike,
+        score: ScoreLike,
         cfg: BeaconConfig,
         *,
         max_concurrency: int = 64,

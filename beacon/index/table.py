@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 import zipfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -167,8 +168,15 @@ class HTable:
             )
         return ki
 
-    def h(self, k: int, z: Any) -> Any:
-        """``h_{n,k}(z)``; ``z`` a float gives a float, an array gives an array of its shape."""
+    @overload
+    def h(self, k: int, z: float) -> float: ...
+
+    @overload
+    def h(self, k: int, z: npt.NDArray[Any] | Sequence[Any]) -> FloatArray: ...
+
+    def h(self, k: int, z: float | npt.NDArray[Any] | Sequence[Any]) -> float | FloatArray:
+        """``h_{n,k}(z)``; ``z`` a float gives a float, an array gives an array of its shape
+        (a 0-d array gives a float)."""
         ki = self._check_k(k)
         kern = _kernels()
         za = _as_real_array(z)
