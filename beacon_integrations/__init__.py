@@ -4,4 +4,69 @@ Sub-modules import their framework on use only: ``beacon_integrations.scorers`` 
 an aiohttp client for reward-model HTTP endpoints, a math-verify answer checker and the paper's
 correctness-adjusted reward), and the LangChain / LlamaIndex adapters. Importing this package
 imports nothing heavy.
+
+Each adapter needs an extra of the ``beacon-sampling`` distribution: ``langchain`` for
+``beacon_integrations.langchain``, ``llamaindex`` for ``beacon_integrations.llama_index``.
+Importing an adapter whose framework is not installed raises a ``ModuleNotFoundError`` that names
+the extra to install (``pip install "beacon-sampling[langchain]"``), instead of failing deep inside
+the adapter on its first framework import.
 """
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+# adapter module -> (extra, the modules it needs from that extra)
+_EXTRA_OF_MODULE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "beacon_integrations.langchain": ("langchain", ("langchain_core",)),
+    "beacon_integrations.llama_index": ("llamaindex", ("llama_index.core",)),
+}
+
+
+def _absent(name: str) -> bool:
+    """Whether module ``name`` cannot be imported (without importing it)."""
+    if name in sys.modules:
+        return sys.modules[name] is None  # None: the import is blocked
+    try:
+        return importlib.util.find_spec(name) is None
+    except ImportError:  # a parent package is missing (or blocked)
+        return True
+    except ValueError:  # in sys.modules without a spec: present
+        return False
+
+
+def missing_extra_error(fullname: str, extra: str, missing: str) -> ModuleNotFoundError:
+    """The error for ``fullname`` needing ``extra``, whose module ``missing`` is not installed."""
+    return ModuleNotFoundError(
+        f"No module named {missing!r} ({fullname} needs the {extra!r} extra: "
+        f'pip install "beacon-sampling[{extra}]")',
+        name=missing,
+    )
+
+
+class _ExtraHintFinder:
+    """A ``sys.meta_path`` finder that only looks at the adapters of :data:`_EXTRA_OF_MODULE`:
+    when one's framework is missing it raises :func:`missing_extra_error`, otherwise it steps aside
+    (returns ``None``) and the adapter is imported normally."""
+
+    _beacon_extra_hints = True
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        need = _EXTRA_OF_MODULE.get(fullname)
+        if need is not None:
+            extra, modules = need
+            for m in modules:
+                if _absent(m):
+                    raise missing_extra_error(fullname, extra, m)
+        return None
+
+
+if not any(getattr(f, "_beacon_extra_hints", False) and type(f).__module__ == __name__
+           for f in sys.meta_path):
+    sys.meta_path.insert(0, _ExtraHintFinder())

@@ -17,7 +17,7 @@ import typer
 
 from beacon import __version__
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "missing_extra_message"]
 
 app = typer.Typer(
     name="beacon",
@@ -73,6 +73,47 @@ def _register_all() -> None:
 _register_all()
 
 
+# Top-level modules of the optional extras -> the extra that installs them.
+_EXTRA_OF_MODULE = {
+    "celery": "worker",
+    "kombu": "worker",
+    "redis": "worker",
+    "aiohttp": "http",
+    "math_verify": "verify",
+    "langchain_core": "langchain",
+    "llama_index": "llamaindex",
+}
+
+
+def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
+    """What to tell the user when a command failed on ``exc``: the error plus the extra that
+    installs the missing module, or ``None`` when that module belongs to no extra."""
+    extra = _EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+    if extra is None:
+        return None
+    message = str(exc)
+    if "pip install" not in message:
+        message += (
+            f' (this command needs the {extra!r} extra: pip install "beacon-sampling[{extra}]")'
+        )
+    return message
+
+
 def main() -> None:
-    """Entry point of the ``beacon`` console script."""
-    app()
+    """Entry point of the ``beacon`` console script.
+
+    A command that needs an extra which is not installed (``beacon worker`` without ``worker``)
+    exits with :data:`~beacon.cli.common.EXIT_FAILURE` and an ``error:`` line naming the extra,
+    not a traceback."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        from rich.markup import escape
+
+        from beacon.cli.common import EXIT_FAILURE, err_console
+
+        err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
+        raise SystemExit(EXIT_FAILURE) from None

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 from beacon.engine.protocol import as_reward
 from beacon.errors import ConfigError, RewardError
 from beacon.retry import parse_retry_after
+from beacon_integrations import missing_extra_error
 from beacon_integrations.scorers.errors import (
     RewardConnectionError,
     RewardHTTPError,
@@ -55,6 +56,18 @@ if TYPE_CHECKING:
     import aiohttp
 
 __all__ = ["HttpRewardScorer", "extract_path"]
+
+
+def _aiohttp() -> Any:
+    """aiohttp, imported on the first request (constructing a scorer needs no extra); when it
+    is not installed, the error names the ``http`` extra to install."""
+    try:
+        import aiohttp
+    except ModuleNotFoundError as exc:
+        if exc.name != "aiohttp":
+            raise
+        raise missing_extra_error(__name__, "http", "aiohttp") from exc
+    return aiohttp
 
 _PLACEHOLDER = re.compile(r"\{(prompt|prompts|response|responses|messages)\}")
 # How much of an error status's body is read: enough for the message (and to scrub a key in it).
@@ -526,7 +539,7 @@ class HttpRewardScorer:
 
     # -- transport ------------------------------------------------------------------------------
     async def _session(self) -> aiohttp.ClientSession:
-        import aiohttp
+        aiohttp = _aiohttp()
 
         loop = asyncio.get_running_loop()
         entry = self._sessions.get(loop)
@@ -591,7 +604,7 @@ class HttpRewardScorer:
 
     async def _post(self, data: bytes) -> Any:
         """POST the JSON-encoded ``data`` (Content-Type from the session headers)."""
-        import aiohttp
+        aiohttp = _aiohttp()
 
         url = _safe_url(self.url)
         try:
