@@ -699,6 +699,27 @@ async def test_agent_loop_calls_the_tool_and_gets_the_best_answer(mode: str) -> 
     assert out["messages"][-1].content == "Here is the answer."
 
 
+def test_a_tool_call_only_reply_is_scored_on_its_calls() -> None:
+    """An agent model's reply with empty text and tool calls: the scorer sees the calls as JSON,
+    not an empty string, and the chosen message keeps its tool_calls."""
+    replies = [
+        AIMessage(content="", tool_calls=[{"name": "search", "args": {"q": "x"}, "id": "c1"}]),
+        AIMessage(content="", tool_calls=[{"name": "calc", "args": {"expr": "2+2"}, "id": "c2"}]),
+    ]
+    seen: list[str] = []
+
+    def score(prompt: str, response: str) -> float:
+        seen.append(response)
+        return 1.0 if json.loads(response)[0]["name"] == "calc" else 0.0
+
+    model = ToolCallingFake(messages=iter(replies * 4))
+    out = BeaconRunnable(model=model, scorer=score,
+                         config=BeaconConfig(cost=0.5, horizon=4)).invoke("q")
+    assert seen[:2] == ['[{"args": {"q": "x"}, "name": "search"}]',
+                        '[{"args": {"expr": "2+2"}, "name": "calc"}]']
+    assert out.tool_calls and out.tool_calls[0]["name"] == "calc"
+
+
 # -- configs: priors, transforms, families, serialization ----------------------------------------
 
 

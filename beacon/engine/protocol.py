@@ -25,6 +25,7 @@ that is also a ``TypeError``, as the Stopper raises for a wrong ``cfg``.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
@@ -166,6 +167,21 @@ def _int_or_none(v: Any) -> int | None:
     return int(v)
 
 
+def _message_text(msg: Any) -> str:
+    """A chat message's text; a reply that is only tool calls (empty text, ``tool_calls`` set,
+    as an agent model's often is) is its calls as JSON, ``[{"name", "args"}, ...]``, so the
+    scorer judges the calls rather than an empty string."""
+    text = _content_text(msg.content)
+    calls = getattr(msg, "tool_calls", None)
+    if text.strip() or not calls or not isinstance(calls, list):
+        return text
+    view = [
+        {"name": c.get("name"), "args": c.get("args")} if isinstance(c, dict) else c
+        for c in calls
+    ]
+    return json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
+
+
 def coerce_generation(out: Any) -> Generation:
     """Normalise a model's return value to a :class:`Generation` (``TypeError`` if unknown)."""
     if isinstance(out, Generation):
@@ -179,7 +195,7 @@ def coerce_generation(out: Any) -> Generation:
             it, ot = _int_or_none(usage.get("input_tokens")), _int_or_none(
                 usage.get("output_tokens")
             )
-        return Generation(_content_text(out.content), it, ot, None, out)
+        return Generation(_message_text(out), it, ot, None, out)
     text = getattr(out, "text", None)
     if isinstance(text, str):  # LlamaIndex CompletionResponse
         return Generation(text, raw=out)
