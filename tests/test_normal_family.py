@@ -222,7 +222,8 @@ def test_robust_update_by_hypothesis(
     fam = get_family("normal")
     s = _run(history, robust)[-1] if history else fam.initial_state(robust)
     if s.k >= prior.k0:
-        thr = s.mu + s.sigma * float(student_t.ppf(q, 2 * prior.alpha0 + s.k))
+        # dof 2 alpha_k (= 2 alpha0 + k, summed as the update sums it: "at" is a tie to the bit)
+        thr = s.mu + s.sigma * float(student_t.ppf(q, 2 * s.alpha))
         r = {"below": thr - gap * s.sigma, "at": thr, "above": thr + gap * s.sigma}[where]
         as_model = s.mu if where == "below" and r < thr else r
     else:
