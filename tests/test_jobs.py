@@ -323,6 +323,71 @@ def test_writer_compaction_is_atomic_and_frees_keys(tmp_path: Path) -> None:
     assert p.read_bytes() == before and not list(tmp_path.glob(".*.tmp"))
 
 
+def test_copy_of_a_compaction_killed_half_way_is_removed_on_reopen(tmp_path: Path) -> None:
+    # SIGKILL (or a power loss) during the atomic rewrite of a rerun leaves the temporary
+    # copy behind -- up to a whole copy of the output; no later run removed it, so every crash
+    # in that window left one more. The next writer of the file removes it.
+    p = tmp_path / "out.jsonl"
+    with KeyedJsonlWriter(p, fsync=False) as w:
+        for i in range(50):
+            w.write({"key": f"k{i}", "ok": i % 2 == 0})
+    before = p.read_bytes()
+    code = (
+        "import os, signal, sys\n"
+        "from beacon.jobs import KeyedJsonlWriter\n"
+        "w = KeyedJsonlWriter(sys.argv[1]).open()\n"
+        "seen = []\n"
+        "def keep(r):\n"
+        "    seen.append(r)\n"
+        "    if len(seen) == 30:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return r['ok']\n"
+        "w.compact(keep)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(p)], cwd=ROOT, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert p.read_bytes() == before  # the output is the old file
+    left = list(tmp_path.glob(".out.jsonl.*.tmp"))
+    assert len(left) == 1  # the killed compaction's copy
+    # Another file's copies are not ours to remove.
+    others = [tmp_path / ".other.jsonl.1.tmp", tmp_path / ".out.jsonl.7.jsonl.1.tmp"]
+    for other in others:
+        other.write_text("x")
+    with KeyedJsonlWriter(p) as w:
+        assert len(w) == 50
+    assert sorted(tmp_path.glob(".*.tmp")) == sorted(others)
+    assert p.read_bytes() == before
+
+
+def test_warm_start_resume_holds_only_the_rewards_of_finished_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Resuming with a warm start re-seeds the fit from the output: it held every finished
+    # line whole (responses, usage, the kept candidates) in memory at once -- about 15 times
+    # the output's size, an out-of-memory on a large job; only the rewards are needed.
+    import beacon.jobs.local as local
+    from beacon.jobs import WarmStart
+
+    prompts = _write_prompts(tmp_path / "p.jsonl", 12)
+    out = tmp_path / "out.jsonl"
+    spec = JobSpec(_spec().generator, _spec().scorer, _spec().config, keep_candidates=True)
+    run_job(prompts, spec, out, fsync=False)
+    rewards = [r["rewards"] for r in read_jsonl(out)]
+    seen: list[dict[str, Any]] = []
+    real = local.seed_rewards
+
+    def spy(records: list[dict[str, Any]]) -> list[list[float | None]]:
+        seen.extend(records)
+        return real(records)
+
+    monkeypatch.setattr(local, "seed_rewards", spy)
+    s = run_job(prompts, spec, out, fsync=False, warm_start=WarmStart(min_prompts=5))
+    assert s.progress.skipped == 12 and s.warm_start is not None
+    assert s.warm_start[0]["prompts"] == 12
+    assert sorted(map(str, (r["rewards"] for r in seen))) == sorted(map(str, rewards))
+    assert all(set(r) <= {"ok", "rewards"} for r in seen), seen[0].keys()
+
+
 def test_dpo_record_skips_equal_rewards_and_reports_margin(tmp_path: Path) -> None:
     assert dpo_record("k", 1, "p", None) is None
     assert dpo_record("k", 1, "p", ({"text": "a", "reward": 1.0},

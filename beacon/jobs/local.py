@@ -213,23 +213,20 @@ async def _to_thread_to_the_end(fn: Callable[..., T], *args: Any, **kwargs: Any)
 
 
 def _ok_lines(out: Path) -> dict[str, dict[str, Any]]:
-    """The ok lines of an output file, by key."""
-    return {r["key"]: r for r in read_jsonl(out)
+    """The ok lines of an output file, by key, reduced to what the warm start's seeding reads
+    (``ok``, ``rewards``): whole lines (responses, kept candidates) of a large job's output
+    would not fit in memory."""
+    return {r["key"]: {"ok": True, "rewards": r.get("rewards")} for r in read_jsonl(out)
             if r.get("ok") is True and isinstance(r.get("key"), str)}
 
 
 def _own_lines(items: Iterable[PromptRecord | LineError], spec: JobSpec,
                lines: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``lines`` of the job's prompts (each once, in input order)."""
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for item in items:
-        if isinstance(item, PromptRecord):
-            key = record_key(item, spec)
-            if key in lines and key not in seen:
-                seen.add(key)
-                out.append(lines[key])
-    return out
+    """The ``lines`` of the job's prompts, each once, in the output's order: the order they
+    finished, in which an uninterrupted warm start would have added them to the fit (the
+    fitted prior is then the same to the last bit)."""
+    own = {record_key(item, spec) for item in items if isinstance(item, PromptRecord)}
+    return [line for key, line in lines.items() if key in own]
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -11,6 +11,7 @@ is never written again, which makes reruns and duplicate deliveries harmless. An
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -108,6 +109,7 @@ class KeyedJsonlWriter:
             except BlockingIOError:
                 raise OutputError(f"{self.path} is being written by another process") from None
             self._recover(fd)
+            self._remove_stale_temps()
         except BaseException:
             os.close(fd)
             raise
@@ -229,6 +231,28 @@ class KeyedJsonlWriter:
         return dropped
 
     # -- recovery ----------------------------------------------------------------------------
+    def _remove_stale_temps(self) -> None:
+        """Delete the temporary copies (:meth:`compact`) that a killed process left behind.
+
+        A SIGKILL or a power loss during a compaction leaves ``.NAME.PID.tmp`` (up to a whole
+        copy of the output) that nothing else removes. Called with the file's lock held: a
+        writer compacts only while it holds that lock, so no such copy is in use. (Whether the
+        PID is alive says nothing: the killed process may linger as a zombie, or the PID may
+        have been reused.)
+        """
+        prefix, suffix = f".{self.path.name}.", ".tmp"
+        try:
+            entries = list(os.scandir(self.path.parent))
+        except OSError:  # pragma: no cover - an unreadable directory: nothing to clean
+            return
+        for entry in entries:
+            name = entry.name
+            pid = name[len(prefix):-len(suffix)]
+            if not (name.startswith(prefix) and name.endswith(suffix) and pid.isdigit()):
+                continue
+            with contextlib.suppress(OSError):  # already gone, or not ours to remove
+                os.unlink(entry.path)
+
     def _recover(self, fd: int) -> None:
         size = os.fstat(fd).st_size
         if size == 0:
