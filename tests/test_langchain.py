@@ -464,10 +464,11 @@ def test_rate_limiter_wait_does_not_count_toward_the_timeout() -> None:
     assert [c.index for c in failed] == [1]
     assert failed[0].error == "TimeoutError: model call timed out after 1 s"
     assert len(res.scored) == 6 and res.stop_reason == "horizon"
-    # The rate holds: 7 model calls span >= 6 token intervals of 0.5 s, and no two start close
-    # together (per-gap slack for the varying overhead between the token and the call).
-    gaps = np.diff(starts)
-    assert len(starts) == 7 and starts[-1] - starts[0] >= 2.9 and gaps.min() >= 0.35, gaps
+    # The rate holds: call i starts no earlier than i token intervals of 0.5 s after the first
+    # (a lower bound on each start: a loaded machine can only delay a call after its token, so
+    # this holds however busy the machine is, unlike a bound on the gaps between calls).
+    since = np.asarray(starts) - starts[0]
+    assert len(starts) == 7 and all(since[i] >= 0.5 * i - 0.05 for i in range(7)), since
 
 
 class GateLimiter(BaseRateLimiter):
