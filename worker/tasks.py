@@ -503,8 +503,15 @@ def submit_job(
     except UnknownJobError:
         prior_queue, resubmitted = "", False
     # A job submitted again while it runs: its prompts still queued or running are not sent a
-    # second time (each would be paid for twice); only lost or unsent ones are.
-    in_broker = _queued_keys(st, job_id, {target, prior_queue} - {""}) if resubmitted else set()
+    # second time (each would be paid for twice); only lost or unsent ones are. The broker's
+    # queue is read (every message in it) only once a prompt is about to be sent.
+    scanned: list[set[str]] = []
+
+    def in_broker() -> set[str]:
+        if not scanned:
+            scanned.append(_queued_keys(st, job_id, {target, prior_queue} - {""})
+                           if resubmitted else set())
+        return scanned[0]
     spec_ref = st.create(job_id, spec.to_dict(), source=source)
     enqueued = already = queued = 0
     batch: list[tuple[str, dict[str, Any], int | None]] = []
@@ -522,7 +529,8 @@ def submit_job(
                 if not (has_res or (has_err and not retry_failed))]
         already += len(batch) - len(todo)
         # A failed prompt is sent again on retry_failed even if a stale message is around.
-        fresh = [item for item, has_err in todo if has_err or item[0] not in in_broker]
+        fresh = [item for item, has_err in todo
+                 if has_err or item[0] not in (in_broker() if resubmitted else ())]
         queued += len(todo) - len(fresh)
         if fresh:
             from kombu.exceptions import OperationalError

@@ -27,12 +27,14 @@ A repeated input line (the same prompt, or the same bad line) is counted in ``du
 run or reported once; the error line of a bad input line lists every line number it occurs on
 (``lines``). An exception raised by the ``progress`` callback starts no further prompt: the prompts
 in flight finish and are written, then the exception is raised (rerun to resume). Once the
-callback has raised, or the run is interrupted (Ctrl-C, cancellation), it is not called again.
+callback has raised it is not called again; when the run is interrupted from outside (Ctrl-C,
+cancellation) it is called once more, with the final counts of what was written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -264,7 +266,8 @@ async def arun_job(
             If it raises, no further prompt starts; those in flight finish and are written,
             then its exception is raised. A ``KeyboardInterrupt`` or ``CancelledError`` it
             raises interrupts the run like Ctrl-C. It is never called again once it has
-            raised, nor once the run is interrupted.
+            raised; after an interruption from outside it gets one last call with the final
+            counts (every prompt written before the interruption).
         retry_failed: rerun this job's prompts whose earlier line says ``ok: false``.
         dpo_rerun: with ``dpo``, run again the earlier ok prompts whose pair is missing and
             cannot be rebuilt from kept candidates (paid model calls). ``False`` leaves them
@@ -314,14 +317,16 @@ async def arun_job(
     tasks: set[asyncio.Task[None]] = set()
     fatal: list[BaseException] = []
     callback_error: list[Exception] = []
-    # Set once the callback has raised anything (an Exception, KeyboardInterrupt, a
-    # CancelledError) or the run is interrupted: from then on it is never called again.
+    # mute: set once the callback has raised anything (an Exception, KeyboardInterrupt, a
+    # CancelledError; callback_raised) or the run is being interrupted; an interruption from
+    # outside still ends with one call carrying the final counts (see the finally below).
     mute = False
+    callback_raised = False
     interrupted = False
     run_task = asyncio.current_task()
 
     def report(**changes: Any) -> None:
-        nonlocal state, mute
+        nonlocal state, mute, callback_raised
         state = replace(state, **changes)
         if progress is None or mute:
             return
@@ -331,12 +336,12 @@ async def arun_job(
         try:
             progress(state)
         except Exception as exc:  # the caller's bug: stop starting prompts, lose nothing
-            mute = True
+            mute = callback_raised = True
             exc.add_note("raised by the progress callback of arun_job: no further prompt "
                          "was started, the prompts in flight were written; rerun to resume")
             callback_error.append(exc)
         except BaseException as exc:  # Ctrl-C or a cancellation in the callback: interrupted
-            mute = True
+            mute = callback_raised = True
             fatal.append(exc)  # raised in a prompt's task: no further prompt starts either
             raise
 
@@ -495,6 +500,13 @@ async def arun_job(
             t.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if interrupted and progress is not None and not callback_raised:
+            # Interrupted from outside (Ctrl-C): one last call with the final counts, so that a
+            # summary built from the callback counts every prompt written before the
+            # interruption (prompts finishing in the same step as it are written but were not
+            # reported). A callback that raised is never called again.
+            with contextlib.suppress(Exception):
+                progress(state)
         if refitting is not None and not refitting.done():
             refitting.cancel()
             await asyncio.gather(refitting, return_exceptions=True)
