@@ -74,11 +74,14 @@ def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
         if given.dtype.kind not in "biufO":
             raise TypeError(f"elements of dtype {given.dtype} are not real numbers")
         if given.dtype.kind == "O":
-            for idx, v in np.ndenumerate(given):
+            for flat, v in enumerate(given.flat):
+                if v is None or type(v) is float:  # the common cells: missing, a number
+                    continue
                 if isinstance(v, str | bytes | complex | np.complexfloating):
                     raise TypeError(f"element {v!r} is not a real number")
                 if isinstance(v, int) and not math.isfinite(real_as_float(v)):
                     # an int beyond the float range: the Stopper's "must be finite"
+                    idx = np.unravel_index(flat, given.shape)
                     pos = tuple(int(i) for i in idx) if given.ndim == 2 else "rewards"
                     raise RewardError(pos, v, "rewards must be finite (NaN marks missing)")
         x = np.asarray(given, dtype=np.float64)

@@ -157,6 +157,8 @@ def _reward_as_float(r: Any, pos: int) -> float:
     Text (``"0.5"`` would parse) and complex numbers (numpy's would lose their imaginary part)
     are refused, as :func:`beacon.replay` refuses arrays of them.
     """
+    if isinstance(r, float):  # also numpy's float64 (a float subclass): the common case
+        return float(r)
     if isinstance(r, str | bytes):
         raise RewardError(pos, r, "rewards must be real numbers, not text")
     kind = getattr(getattr(r, "dtype", None), "kind", "f")
@@ -234,16 +236,21 @@ class Stopper:
     # -- copying and pickling ------------------------------------------------------------------
     def __copy__(self) -> Stopper:
         """An independent Stopper in the same state (the trace lists are not shared)."""
-        new = Stopper.__new__(Stopper)
+        new = type(self).__new__(type(self))  # a subclass stays one
         for name in Stopper.__slots__:
             object.__setattr__(new, name, getattr(self, name))
+        if hasattr(self, "__dict__"):  # a subclass's own attributes
+            new.__dict__.update(self.__dict__)
         new._trace = list(self._trace)
         new._raw_trace = list(self._raw_trace)
         return new
 
     def __getstate__(self) -> dict[str, Any]:
-        """The Stopper's own data; the family's step functions are bound again on load."""
-        return {name: getattr(self, name) for name in Stopper.__slots__ if name not in _DERIVED}
+        """The Stopper's own data (and a subclass's attributes); the family's step functions
+        are bound again on load."""
+        data = {name: getattr(self, name) for name in Stopper.__slots__ if name not in _DERIVED}
+        data.update(getattr(self, "__dict__", {}))
+        return data
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         for name, value in data.items():

@@ -759,6 +759,37 @@ def test_a_cap_the_model_reports_nothing_for_is_reported_not_silently_inert() ->
     assert res3.budget_unenforced == ["max_cost"]
 
 
+def test_tool_calls_with_keys_of_mixed_types_are_still_scored() -> None:
+    from beacon.engine.protocol import coerce_generation
+
+    class Msg:
+        def __init__(self) -> None:
+            self.content = ""
+            self.tool_calls = [{"name": "f", "args": {1: "a", "b": 2}}]
+
+    text = coerce_generation(Msg()).text
+    assert json.loads(text) == [{"name": "f", "args": {"1": "a", "b": 2}}]
+
+
+def test_the_budget_warning_as_an_error_fails_no_paid_sample() -> None:
+    """Under warnings-as-errors (pytest's filterwarnings = error) the warning is raised from the
+    query once it is over, never inside a sample: every paid sample is still scored."""
+    import warnings
+
+    def plain(p: Any) -> str:
+        return "r=0"
+
+    seen: list[SampleEvent] = []
+    s = BeaconSampler(plain, bin_score, bern(cost=0.001, horizon=4),
+                      budget=Budget(max_tokens=10), observers=[seen.append])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetNotEnforcedWarning)
+        with pytest.raises(BudgetNotEnforcedWarning, match="max_tokens"):
+            s.run("q")
+    samples = [e for e in seen if isinstance(e, SampleEvent)]
+    assert len(samples) == 4 and not any(e.failed for e in samples)
+
+
 def test_caps_the_model_reports_for_raise_no_warning() -> None:
     import warnings
 

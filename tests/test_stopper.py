@@ -359,3 +359,22 @@ def test_protocol_and_trace_by_hypothesis(
         assert rec.decision == ("draw" if rec.h > rec.threshold else "stop")
         if rec.decision == "stop":
             assert rec.reason == "index"
+
+
+def test_a_stopper_subclass_is_copied_and_pickled_as_itself() -> None:
+    import copy
+    import pickle
+
+    s = _TaggedStopper(BeaconConfig(cost=0.1, horizon=8))
+    s.tag = "user-data"
+    s.next_decision()
+    s.observe([0.1, 0.5, 0.3])
+    for twin in (copy.copy(s), copy.deepcopy(s), pickle.loads(pickle.dumps(s))):
+        assert type(twin) is _TaggedStopper and twin.tag == "user-data"
+        assert twin.state == s.state and twin.next_decision() == s.next_decision()
+
+
+class _TaggedStopper(Stopper):
+    """A user's subclass with an attribute of its own (module level: picklable)."""
+
+    tag: str = ""

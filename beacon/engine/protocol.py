@@ -179,7 +179,10 @@ def _message_text(msg: Any) -> str:
         {"name": c.get("name"), "args": c.get("args")} if isinstance(c, dict) else c
         for c in calls
     ]
-    return json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
+    try:
+        return json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
+    except TypeError:  # keys of mixed types cannot be sorted
+        return json.dumps(view, ensure_ascii=False, default=str)
 
 
 def coerce_generation(out: Any) -> Generation:

@@ -127,6 +127,11 @@ class QueryRun:
         if reason == "error" and error is None:
             error = self.last_error
         self.usage.wall_seconds = time.perf_counter() - self.t0
+        for cap in ("max_tokens", "max_cost"):
+            if cap in self.unenforced:
+                # Here, not while sampling: under ``-W error`` the warning must not fail a
+                # paid sample (it then propagates from the query, as that setting asks).
+                self._warn_unenforced(cap)
         return BeaconResult(
             prompt=self.prompt,
             candidates=sorted(self.candidates, key=lambda c: c.index),
@@ -275,8 +280,11 @@ class QueryRun:
             cand.usage.wall_seconds = time.perf_counter() - t0
 
     def _unenforced(self, cap: str) -> None:
-        """A response escaped ``cap`` (it reports nothing the cap counts): say so, once."""
+        """A response escaped ``cap`` (it reports nothing the cap counts): note it."""
         self.unenforced.add(cap)
+
+    def _warn_unenforced(self, cap: str) -> None:
+        """Say once per sampler that ``cap`` could not be enforced."""
         warned = self.ctx.budget_warned
         if cap in warned:
             return

@@ -590,9 +590,13 @@ class HttpRewardScorer:
         straddles the cut cannot leave its first characters behind."""
         return self._scrub(raw.decode("utf-8", "replace"))[:200]
 
-    async def _read(self, resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
-        """At most ``limit`` bytes of the body, and whether there was more."""
-        if resp.content_length is not None and resp.content_length > limit:
+    async def _read(
+        self, resp: aiohttp.ClientResponse, limit: int, *, prefix: bool = False
+    ) -> tuple[bytes, bool]:
+        """At most ``limit`` bytes of the body, and whether there was more. A body announced
+        larger than ``limit`` is not read at all, unless ``prefix`` (an error page: its first
+        bytes say what went wrong)."""
+        if not prefix and resp.content_length is not None and resp.content_length > limit:
             return b"", True
         buf = bytearray()
         while len(buf) <= limit:
@@ -613,7 +617,7 @@ class HttpRewardScorer:
                 self.url, data=data, headers=self._auth, allow_redirects=False
             ) as resp:
                 if resp.status >= 300:
-                    raw, _more = await self._read(resp, _ERROR_BODY_BYTES)
+                    raw, _more = await self._read(resp, _ERROR_BODY_BYTES, prefix=True)
                     text = self._snippet(raw)
                     if resp.status < 400:
                         loc = resp.headers.get("Location")
