@@ -744,3 +744,11 @@ async def test_secrets_echoed_in_an_html_error_page_are_scrubbed(
             with pytest.raises(RewardHTTPError) as ei:
                 await s("p", "x")
         assert SECRET[:4] not in str(ei.value), pad
+
+
+async def test_an_error_page_over_the_read_cap_still_shows_its_start(server: Server) -> None:
+    # a 9 KB error page (a proxy's HTML): its first bytes are read and shown, not dropped
+    async with HttpRewardScorer(server.url + "/echo?pad=9000") as s:
+        with pytest.raises(RewardHTTPError) as ei:
+            await s("p", "x")
+    assert ei.value.status == 400 and "<html>xxx" in str(ei.value)
