@@ -48,6 +48,17 @@ def missing_extra_error(fullname: str, extra: str, missing: str) -> ModuleNotFou
     )
 
 
+def import_extra(module: str, fullname: str, extra: str) -> ModuleType:
+    """``module``, imported on first use by ``fullname``; when it is not installed, the error
+    names ``extra`` (:func:`missing_extra_error`). A module missing *inside* it is not hidden."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        raise missing_extra_error(fullname, extra, module) from exc
+
+
 class _ExtraHintFinder:
     """A ``sys.meta_path`` finder that only looks at the adapters of :data:`_EXTRA_OF_MODULE`:
     when one's framework is missing it raises :func:`missing_extra_error`, otherwise it steps aside

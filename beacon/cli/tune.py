@@ -52,6 +52,7 @@ from beacon.evaluation import (
     QUALITY_KINDS,
     LoggedRewards,
     MatchedDifference,
+    PolicyMetrics,
     QualityKind,
     TuneResult,
     cost_grid,
@@ -99,12 +100,14 @@ def matched_range(res: TuneResult) -> tuple[float, float]:
 
     In units of ``res.quality``. Points at the same average samples count once.
     """
-    q = res.quality
-    diffs = [
-        quality_of(p.metrics, q) - interpolate_fixed(res.fixed, p.metrics.avg_samples, q)
-        for p in res.points
-    ]
+    diffs = [_matched_diff(res, p.metrics) for p in res.points]
     return min(diffs), max(diffs)
+
+
+def _matched_diff(res: TuneResult, m: PolicyMetrics) -> float:
+    """``m`` minus best-of-N at its average samples, in units of ``res.quality``."""
+    q = res.quality
+    return quality_of(m, q) - interpolate_fixed(res.fixed, m.avg_samples, q)
 
 
 def _pm_se(md: MatchedDifference, scale: float | None) -> str:
@@ -161,11 +164,7 @@ def verdict(res: TuneResult) -> tuple[bool, str]:
         )
     lo, hi = matched_range(res)
     if hi > tol:
-        best = max(
-            res.points,
-            key=lambda p: quality_of(p.metrics, q)
-            - interpolate_fixed(res.fixed, p.metrics.avg_samples, q),
-        )
+        best = max(res.points, key=lambda p: _matched_diff(res, p.metrics))
         bmd = matched_difference(best.metrics, res.fixed, q)
         text += (
             f"; the sweep's best difference is {_pm_se(bmd, scale)} at c = "

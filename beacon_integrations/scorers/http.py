@@ -43,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 from beacon.engine.protocol import as_reward
 from beacon.errors import ConfigError, RewardError
 from beacon.retry import parse_retry_after
-from beacon_integrations import missing_extra_error
+from beacon_integrations import import_extra
 from beacon_integrations.scorers.errors import (
     RewardConnectionError,
     RewardHTTPError,
@@ -57,17 +57,6 @@ if TYPE_CHECKING:
 
 __all__ = ["HttpRewardScorer", "extract_path"]
 
-
-def _aiohttp() -> Any:
-    """aiohttp, imported on the first request (constructing a scorer needs no extra); when it
-    is not installed, the error names the ``http`` extra to install."""
-    try:
-        import aiohttp
-    except ModuleNotFoundError as exc:
-        if exc.name != "aiohttp":
-            raise
-        raise missing_extra_error(__name__, "http", "aiohttp") from exc
-    return aiohttp
 
 _PLACEHOLDER = re.compile(r"\{(prompt|prompts|response|responses|messages)\}")
 # How much of an error status's body is read: enough for the message (and to scrub a key in it).
@@ -539,7 +528,7 @@ class HttpRewardScorer:
 
     # -- transport ------------------------------------------------------------------------------
     async def _session(self) -> aiohttp.ClientSession:
-        aiohttp = _aiohttp()
+        aiohttp = import_extra("aiohttp", __name__, "http")
 
         loop = asyncio.get_running_loop()
         entry = self._sessions.get(loop)
@@ -608,7 +597,7 @@ class HttpRewardScorer:
 
     async def _post(self, data: bytes) -> Any:
         """POST the JSON-encoded ``data`` (Content-Type from the session headers)."""
-        aiohttp = _aiohttp()
+        aiohttp = import_extra("aiohttp", __name__, "http")
 
         url = _safe_url(self.url)
         try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from beacon.engine.protocol import is_batched, make_score
 from beacon.errors import ConfigError
-from beacon_integrations import missing_extra_error
+from beacon_integrations import import_extra
 
 __all__ = ["CorrectnessAdjusted", "MathAnswerVerifier", "adjust_reward", "last_boxed"]
 
@@ -56,21 +56,9 @@ def _timeouts() -> int | None:
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
-def _math_verify() -> Any:
-    """math_verify, imported on the first check (constructing a verifier needs no extra); when
-    it is not installed, the error names the ``verify`` extra to install."""
-    try:
-        import math_verify
-    except ModuleNotFoundError as exc:
-        if exc.name != "math_verify":
-            raise
-        raise missing_extra_error(__name__, "verify", "math_verify") from exc
-    return math_verify
-
-
 @lru_cache(maxsize=4096)
 def _parse(expr: str, boxed: bool) -> Any:
-    parse = _math_verify().parse
+    parse = import_extra("math_verify", __name__, "verify").parse
 
     t: Any = _timeouts()
     out = parse(f"\\boxed{{{expr}}}" if boxed else expr, parsing_timeout=t)
@@ -134,7 +122,7 @@ class MathAnswerVerifier:
 
     def check(self, prompt: Any, text: str) -> bool | None:
         """True / False for a correct / incorrect boxed answer; None when there is none."""
-        verify = _math_verify().verify
+        verify = import_extra("math_verify", __name__, "verify").verify
 
         answer = last_boxed(text)
         if answer is None:
