@@ -55,7 +55,8 @@ class Budget:
 
     The token and money caps count what the model reports. A response that reports no tokens
     escapes ``max_tokens``; one with no cost of its own escapes ``max_cost`` unless it reports
-    tokens and a per-token price is set. Such a cap cannot bound the query: the result names
+    tokens and a per-token price is set (and one that leaves out the tokens of a priced side,
+    input or output, is counted only in part). Such a cap cannot bound the query: the result names
     it in ``budget_unenforced`` and the sampler issues a :class:`BudgetNotEnforcedWarning`
     (once per sampler and cap), rather than letting the cap look enforced.
     """
@@ -95,19 +96,37 @@ class Budget:
             return True
         return self.max_cost is not None and cost is not None and cost >= self.max_cost
 
+    def unpriced_side(self, input_tokens: int | None, output_tokens: int | None) -> str | None:
+        """The priced side (``"input"`` or ``"output"``) whose token count a response left out.
+
+        :meth:`price` counts a missing count as 0 tokens, so the money it returns is then only
+        a lower bound: e.g. a budget pricing input tokens alone, over a model that reports only
+        output tokens, would price every call at 0.
+        """
+        if self.price_per_input_token and input_tokens is None:
+            return "input"
+        if self.price_per_output_token and output_tokens is None:
+            return "output"
+        return None
+
     def unmeasured(
-        self, input_tokens: int | None, output_tokens: int | None, cost: float | None
+        self, input_tokens: int | None, output_tokens: int | None, cost: float | None,
+        *, priced: bool = False,
     ) -> tuple[str, ...]:
         """The token/money caps that a response reporting these numbers escapes.
 
-        ``cost`` is the response's money as the engine counts it (reported, or priced by
-        :meth:`price`). A cap escaped by one response no longer bounds the query's spend:
-        that response's spend is unknown to it.
+        ``cost`` is the response's money as the engine counts it: reported by the model, or
+        (``priced=True``) computed by :meth:`price` from the token counts. A priced cost that
+        misses a priced side's tokens (:meth:`unpriced_side`) is a lower bound, so it escapes
+        ``max_cost`` too. A cap escaped by one response no longer bounds the query's spend:
+        that response's spend is unknown to it (the cap may still fire on what is counted).
         """
         out: tuple[str, ...] = ()
         if self.max_tokens is not None and input_tokens is None and output_tokens is None:
             out += ("max_tokens",)
-        if self.max_cost is not None and cost is None:
+        if self.max_cost is not None and (
+            cost is None or (priced and self.unpriced_side(input_tokens, output_tokens))
+        ):
             out += ("max_cost",)
         return out
 

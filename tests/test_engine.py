@@ -759,6 +759,41 @@ def test_a_cap_the_model_reports_nothing_for_is_reported_not_silently_inert() ->
     assert res3.budget_unenforced == ["max_cost"]
 
 
+def test_a_priced_side_the_model_reports_no_tokens_for_leaves_max_cost_unenforced() -> None:
+    # A budget pricing input tokens over a model reporting only output tokens priced every
+    # call at 0 money: max_cost never fired and nothing said the cap was inert.
+    def output_only(p: Any) -> Generation:
+        return Generation("r=0", output_tokens=100)
+
+    cfg = bern(cost=0.001, horizon=6)
+    b = Budget(max_cost=0.05, price_per_input_token=1e-3)
+    with pytest.warns(BudgetNotEnforcedWarning, match="no input token count") as rec:
+        res = BeaconSampler(output_only, bin_score, cfg, budget=b).run("q")
+    assert len(rec) == 1 and "price_per_input_token" in str(rec[0].message)
+    assert res.budget_unenforced == ["max_cost"] and res.n_samples == 6
+
+    # Both sides priced, output missing: the input part still counts (a lower bound on the
+    # money, so the cap can still fire on it), and the cap is reported as not bounding spend.
+    def input_only(p: Any) -> Generation:
+        return Generation("r=0", input_tokens=100)
+
+    b2 = Budget(max_cost=0.25, price_per_input_token=1e-3, price_per_output_token=1e-2)
+    with pytest.warns(BudgetNotEnforcedWarning, match="no output token count"):
+        res2 = BeaconSampler(input_only, bin_score, cfg, budget=b2).run("q")
+    assert res2.stop_reason == "budget" and res2.n_samples == 3  # 0.1 per call counted
+    assert res2.usage.cost == pytest.approx(3 * 100 * 1e-3)
+    assert res2.budget_unenforced == ["max_cost"]
+
+    # A side the budget does not price may go unreported: nothing is missing from the money.
+    import warnings
+
+    b3 = Budget(max_cost=0.25, price_per_output_token=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res3 = BeaconSampler(output_only, bin_score, cfg, budget=b3).run("q")
+    assert res3.budget_unenforced == [] and res3.stop_reason == "budget"
+
+
 def test_tool_calls_with_keys_of_mixed_types_are_still_scored() -> None:
     from beacon.engine.protocol import coerce_generation
 

@@ -94,7 +94,7 @@ class QueryRun:
         self.n_emitted = 0
         self.t0 = 0.0
         self.deadline: float | None = None
-        self.unenforced: set[str] = set()
+        self.unenforced: dict[str, str] = {}  # cap -> why (the first response that escaped it)
 
     # -- top level ------------------------------------------------------------------------------
     async def run(self) -> BeaconResult:
@@ -264,10 +264,12 @@ class QueryRun:
             cand.usage.add_tokens(gen.input_tokens, gen.output_tokens)
             cost = gen.cost
             if ctx.budget is not None:
-                if cost is None:
+                priced = cost is None
+                if priced:
                     cost = ctx.budget.price(gen.input_tokens, gen.output_tokens)
-                for cap in ctx.budget.unmeasured(gen.input_tokens, gen.output_tokens, cost):
-                    self._unenforced(cap)
+                for cap in ctx.budget.unmeasured(gen.input_tokens, gen.output_tokens, cost,
+                                                 priced=priced):
+                    self._unenforced(cap, gen.input_tokens, gen.output_tokens)
             cand.usage.add_cost(cost)
             if not ctx.batched:
                 rewards = await guarded_call(
@@ -279,9 +281,25 @@ class QueryRun:
         finally:
             cand.usage.wall_seconds = time.perf_counter() - t0
 
-    def _unenforced(self, cap: str) -> None:
-        """A response escaped ``cap`` (it reports nothing the cap counts): note it."""
-        self.unenforced.add(cap)
+    def _unenforced(self, cap: str, input_tokens: int | None, output_tokens: int | None) -> None:
+        """A response escaped ``cap`` (it reports nothing, or too little, that the cap counts):
+        note it, with the first such response's reason."""
+        if cap in self.unenforced:
+            return
+        b = self.ctx.budget
+        assert b is not None
+        side = b.unpriced_side(input_tokens, output_tokens)
+        if cap == "max_tokens":
+            why = "a model response reported no token counts"
+        elif side is not None and (input_tokens is not None or output_tokens is not None):
+            why = (f"a model response reported no cost and no {side} token count for "
+                   f"price_per_{side}_token to price (its money was counted only in part)")
+        elif b.price_per_input_token or b.price_per_output_token:
+            why = "a model response reported neither a cost nor token counts to price"
+        else:
+            why = ("a model response reported no cost and the budget sets no "
+                   "price_per_input_token / price_per_output_token")
+        self.unenforced[cap] = why
 
     def _warn_unenforced(self, cap: str) -> None:
         """Say once per sampler that ``cap`` could not be enforced."""
@@ -291,13 +309,7 @@ class QueryRun:
         warned.add(cap)
         b = self.ctx.budget
         assert b is not None
-        if cap == "max_tokens":
-            why = "a model response reported no token counts"
-        elif b.price_per_input_token or b.price_per_output_token:
-            why = "a model response reported neither a cost nor token counts to price"
-        else:
-            why = ("a model response reported no cost and the budget sets no "
-                   "price_per_input_token / price_per_output_token")
+        why = self.unenforced[cap]
         warnings.warn(
             BudgetNotEnforcedWarning(
                 f"Budget {cap}={getattr(b, cap)!r} cannot be enforced: {why}, so the "
