@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -46,11 +47,14 @@ class BeaconConfig:
     prior: Prior | None = None
     transform: RewardTransform | None = field(default=None)
     max_failures: int = 3
-    # Derived once at construction (the Stopper reads them on every decision).
-    _prior: Prior = field(init=False, repr=False, compare=False)
-    _k0: int = field(init=False, repr=False, compare=False)
 
     if TYPE_CHECKING:
+        # Derived once at construction (the Stopper reads them on every decision). Plain
+        # attributes, not dataclass fields, so that what serializes a dataclass by its fields
+        # (``dataclasses.asdict``, pydantic encoding a default) sees the config's fields only.
+        _prior: Prior = field(init=False, repr=False, compare=False)
+        _k0: int = field(init=False, repr=False, compare=False)
+
         # What the constructor accepts, for type checkers: wider than the stored field types
         # (``__post_init__`` normalises a numpy scalar to int/float/bool, a prior dict to a
         # prior and a transform name or dict to a transform). At runtime the dataclass
@@ -129,6 +133,48 @@ class BeaconConfig:
                 )
         return replace(self, **changes)
 
+    # -- pydantic --------------------------------------------------------------------------------
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """Let a pydantic model hold a config (a FastAPI request body, a LangChain runnable's
+        field, its ``config_schema()``): validated from a :class:`BeaconConfig` or its
+        :meth:`to_dict` form (errors are this class's :class:`~beacon.ConfigError` messages,
+        which name the field and the value), dumped to JSON as that dict."""
+        from pydantic_core import core_schema as cs  # pydantic is a core dependency
+
+        return cs.no_info_plain_validator_function(
+            _config_from_pydantic,
+            serialization=cs.plain_serializer_function_ser_schema(
+                BeaconConfig.to_dict, when_used="json"
+            ),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        """JSON schema of the :meth:`to_dict` form (bounds as ``__post_init__`` checks them;
+        ``horizon >= k0 + 1`` depends on the prior, so only ``>= 2`` is stated)."""
+        defaults = {f.name: f.default for f in fields(cls) if f.init}
+        props: dict[str, Any] = {
+            "cost": {"type": "number", "exclusiveMinimum": 0,
+                     "description": "sampling cost c per sample, in reward units"},
+            "horizon": {"type": "integer", "minimum": 2,
+                        "description": "maximum number of samples n (>= k0 + 1)"},
+            "family": {"type": "string", "description": "registered reward family"},
+            "batch_size": {"type": "integer", "minimum": 1},
+            "robust": {"type": "boolean"},
+            "robust_quantile": {"type": "number", "exclusiveMinimum": 0,
+                                "exclusiveMaximum": 0.5},
+            "prior": {"anyOf": [{"type": "object"}, {"type": "null"}],
+                      "description": "the family's conjugate prior as a dict; null: default"},
+            "transform": {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}],
+                          "description": "reward transform kind or dict; null: identity"},
+            "max_failures": {"type": "integer", "minimum": 0},
+        }
+        for name, prop in props.items():
+            prop["default"] = defaults[name]
+        return {"title": "BeaconConfig", "type": "object", "properties": props,
+                "additionalProperties": False}
+
     # -- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; :meth:`from_dict` inverts it."""
@@ -156,3 +202,13 @@ class BeaconConfig:
         if isinstance(kwargs.get("prior"), dict):
             kwargs["prior"] = prior_from_dict(kwargs["prior"])
         return cls(**kwargs)
+
+
+def _config_from_pydantic(value: Any) -> BeaconConfig:
+    """Pydantic's validator: an instance as is, a mapping through :meth:`BeaconConfig.from_dict`
+    (a ConfigError is a ValueError, which pydantic reports with its message)."""
+    if isinstance(value, BeaconConfig):
+        return value
+    if isinstance(value, Mapping):
+        return BeaconConfig.from_dict(dict(value))
+    raise ConfigError("config", value, "must be a BeaconConfig or its to_dict() form (an object)")

@@ -192,3 +192,40 @@ def test_replace_with_an_unknown_field_is_a_typed_error_naming_it(field: str) ->
         BeaconConfig().replace(**{field: 1})
     assert exc.value.field == field and isinstance(exc.value, TypeError)
     assert BeaconConfig().replace(cost=0.5).cost == 0.5
+
+
+def test_a_pydantic_model_holds_a_config_validated_dumped_and_described_by_its_dict() -> None:
+    # A BeaconConfig field in a pydantic model (a FastAPI request body, a LangChain runnable's
+    # configurable field) had no schema: the model could not even be built, and a config
+    # default in a JSON schema carried the private derived attributes.
+    import dataclasses
+
+    import pydantic
+
+    class Request(pydantic.BaseModel):
+        prompt: str
+        config: BeaconConfig = BeaconConfig(cost=0.3, horizon=8)
+
+    cfg = BeaconConfig(cost=0.5, horizon=12, transform="logit",
+                       prior=NIGPrior(mu0=0.0, nu0=1.0, alpha0=2.0, beta0=1.0))
+    req = Request.model_validate_json(json.dumps({"prompt": "q", "config": cfg.to_dict()}))
+    assert req.config == cfg and isinstance(req.config, BeaconConfig)
+    assert Request(prompt="q", config=cfg).config is cfg
+    assert json.loads(req.model_dump_json())["config"] == cfg.to_dict()
+    assert Request.model_validate_json(req.model_dump_json()) == req
+
+    with pytest.raises(pydantic.ValidationError, match=r"cost=-1"):
+        Request.model_validate({"prompt": "q", "config": {"cost": -1}})
+    with pytest.raises(pydantic.ValidationError, match=r"horizonn"):
+        Request.model_validate({"prompt": "q", "config": {"horizonn": 8}})
+    with pytest.raises(pydantic.ValidationError, match=r"config=3"):
+        Request.model_validate({"prompt": "q", "config": 3})
+
+    schema = Request.model_json_schema()["properties"]["config"]
+    init_fields = [f.name for f in dataclasses.fields(BeaconConfig) if f.init]
+    assert sorted(schema["properties"]) == sorted(init_fields)
+    assert schema["additionalProperties"] is False
+    assert schema["default"] == BeaconConfig(cost=0.3, horizon=8).to_dict()
+    for name, prop in schema["properties"].items():
+        assert prop["default"] == getattr(BeaconConfig(), name) or name in ("prior", "transform")
+    assert dataclasses.asdict(cfg).keys() == set(init_fields)
