@@ -9,11 +9,14 @@ Each adapter needs an extra of the ``beacon-sampling`` distribution: ``langchain
 ``beacon_integrations.langchain``, ``llamaindex`` for ``beacon_integrations.llama_index``.
 Importing an adapter whose framework is not installed raises a ``ModuleNotFoundError`` that names
 the extra to install (``pip install "beacon-sampling[langchain]"``), instead of failing deep inside
-the adapter on its first framework import.
+the adapter on its first framework import; ``importlib.util.find_spec`` still returns the
+adapter's spec (it does not raise), as for any module whose dependency is missing.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Sequence
@@ -59,10 +62,36 @@ def import_extra(module: str, fullname: str, extra: str) -> ModuleType:
         raise missing_extra_error(fullname, extra, module) from exc
 
 
+class _MissingExtraLoader(importlib.abc.Loader):
+    """Loader of an adapter whose framework is missing: executing it raises
+    :func:`missing_extra_error` (checked again then, in case the framework appeared since)."""
+
+    def __init__(self, loader: importlib.abc.Loader | None, extra: str,
+                 modules: tuple[str, ...]) -> None:
+        self.loader = loader
+        self.extra = extra
+        self.modules = modules
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        for m in self.modules:
+            if _absent(m):
+                raise missing_extra_error(spec.name, self.extra, m)
+        return self.loader.create_module(spec) if self.loader is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        if self.loader is None:  # pragma: no cover - a spec found without a loader
+            raise ImportError(f"no loader for {module.__name__}", name=module.__name__)
+        self.loader.exec_module(module)
+
+
 class _ExtraHintFinder:
-    """A ``sys.meta_path`` finder that only looks at the adapters of :data:`_EXTRA_OF_MODULE`:
-    when one's framework is missing it raises :func:`missing_extra_error`, otherwise it steps aside
-    (returns ``None``) and the adapter is imported normally."""
+    """A ``sys.meta_path`` finder that only looks at the adapters of :data:`_EXTRA_OF_MODULE`.
+
+    When one's framework is missing it returns the adapter's normal spec with a loader that
+    raises :func:`missing_extra_error` on import, so ``importlib.util.find_spec`` behaves as for
+    any module with a missing dependency (a spec, no exception) and ``import`` names the extra;
+    otherwise it steps aside (returns ``None``) and the adapter is imported normally.
+    """
 
     _beacon_extra_hints = True
 
@@ -70,12 +99,16 @@ class _ExtraHintFinder:
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         need = _EXTRA_OF_MODULE.get(fullname)
-        if need is not None:
-            extra, modules = need
-            for m in modules:
-                if _absent(m):
-                    raise missing_extra_error(fullname, extra, m)
-        return None
+        if need is None:
+            return None
+        extra, modules = need
+        if not any(_absent(m) for m in modules):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None:
+            return None
+        spec.loader = _MissingExtraLoader(spec.loader, extra, modules)
+        return spec
 
 
 if not any(getattr(f, "_beacon_extra_hints", False) and type(f).__module__ == __name__

@@ -314,12 +314,15 @@ class LIQuery:
     """One LlamaIndex query as the engine's opaque prompt.
 
     ``text`` is the query string (what the scorer sees); ``bundle`` the ``QueryBundle`` an
-    inner query engine is queried with; ``prompt`` the formatted LLM prompt (LLM mode).
+    inner query engine is queried with; ``prompt`` the formatted LLM prompt (LLM mode);
+    ``contexts`` maps each inner-engine sample's text to its source nodes' contents (what a
+    LlamaIndex evaluator is given as ``contexts``, as ``aevaluate_response`` gives them).
     """
 
     text: str
     bundle: Any = field(default=None, repr=False)
     prompt: str = ""
+    contexts: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     def __str__(self) -> str:
         return self.text
@@ -354,6 +357,9 @@ def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]
     own ``get_response()``: a sample must be complete to be scored. A structured-output
     engine's ``PydanticResponse`` (``output_cls=...``) is kept whole; its text is the model's
     JSON, as LlamaIndex renders it (``str(response)``, ``get_response()``).
+
+    The sample's source node contents are recorded in ``query.contexts`` under its text, for a
+    LlamaIndex evaluator scorer (Faithfulness, Relevancy... need them as ``contexts``).
     """
 
     async def generate(query: LIQuery) -> Generation:
@@ -362,18 +368,24 @@ def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]
         resp = await engine.aquery(query.bundle)
         if isinstance(resp, PydanticResponse):
             obj = resp.response
-            return Generation("" if obj is None else obj.model_dump_json(), raw=resp)
-        text = getattr(resp, "response", None)
-        if text is None and hasattr(resp, "response_gen"):
-            resp = await _maybe_await(resp.get_response())
-            text = resp.response
-        return Generation("" if text is None else str(text), raw=resp)
+            text = "" if obj is None else obj.model_dump_json()
+        else:
+            answer = getattr(resp, "response", None)
+            if answer is None and hasattr(resp, "response_gen"):
+                resp = await _maybe_await(resp.get_response())
+                answer = resp.response
+            text = "" if answer is None else str(answer)
+        nodes = getattr(resp, "source_nodes", None)
+        if nodes is not None:
+            query.contexts[text] = [n.get_content() for n in nodes]
+        return Generation(text, raw=resp)
 
     return generate
 
 
 class _LIScore:
-    """Engine scorer: ``score(query_str, text)`` (sync or async), or a LlamaIndex evaluator.
+    """Engine scorer: ``score(query_str, text)`` (sync or async), or a LlamaIndex evaluator
+    (given the sample's source node contents as ``contexts`` in inner-engine mode).
 
     Returns the scorer's outputs as they are; the engine makes each one a reward with
     :meth:`as_reward` (so one invalid value in a batch fails only its own sample).
@@ -388,7 +400,10 @@ class _LIScore:
 
     async def __call__(self, query: LIQuery, response: Any) -> Any:
         if self._evaluator:
-            res = await self.scorer.aevaluate(query=query.text, response=response)
+            # as the evaluator's own aevaluate_response(query, Response) calls it
+            contexts = query.contexts.get(response)
+            extra = {} if contexts is None else {"contexts": contexts}
+            res = await self.scorer.aevaluate(query=query.text, response=response, **extra)
             if res.score is None:
                 raise _reward_error(res, "evaluator returned no score")
             return res.score
@@ -401,7 +416,8 @@ def li_score(scorer: Any) -> _LIScore:
     ``scorer`` is a callable ``score(query_str, response_text) -> float`` (sync or async;
     ``batched = True`` for ``score(query_str, [texts]) -> [floats]``, e.g. a
     ``beacon_integrations.scorers`` HTTP scorer), or a LlamaIndex ``BaseEvaluator`` whose
-    ``aevaluate(query=..., response=...)`` result ``.score`` is the reward.
+    ``aevaluate(query=..., response=...)`` result ``.score`` is the reward (over an inner query
+    engine also ``contexts=``: the sample's source node contents).
     """
     if not callable(scorer) and not callable(getattr(scorer, "aevaluate", None)):
         raise TypeError(

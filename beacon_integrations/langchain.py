@@ -32,7 +32,7 @@ import queue
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
@@ -41,6 +41,7 @@ from langchain_core.callbacks import (
 )
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.messages import AIMessage
+from langchain_core.prompts import BasePromptTemplate
 from langchain_core.rate_limiters import BaseRateLimiter
 from langchain_core.runnables import (
     Runnable,
@@ -52,7 +53,9 @@ from langchain_core.runnables.config import patch_config
 from langchain_core.runnables.retry import RunnableRetry
 from langchain_core.runnables.utils import ConfigurableFieldSpec, get_unique_config_specs
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
+from langchain_core.utils.pydantic import TypeBaseModel
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator
+from typing_extensions import TypeVar
 
 from beacon._checks import is_real, positive_int
 from beacon._sync import run_sync
@@ -66,6 +69,7 @@ from beacon.retry import RetryPolicy
 from beacon_integrations._adapt import (
     BeaconSamplingError,
     LCQuery,
+    _head,
     lc_generate,
     lc_prompt_text,
     lc_score,
@@ -78,6 +82,10 @@ SAMPLE_EVENT = "beacon_sample"
 # agent model bound to a tool with any other name is rejected by the provider at call time.
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 DECISION_EVENT = "beacon_decision"
+
+#: What ``invoke`` returns: the best ``AIMessage`` (``return_result=False``, the default) or the
+#: full ``BeaconResult`` (``return_result=True``); type checkers infer it from the constructor.
+OutputT = TypeVar("OutputT", bound="AIMessage | BeaconResult", default=AIMessage)
 
 
 class BeaconChunk(BaseModel):
@@ -199,7 +207,7 @@ def _iterate_in_thread(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
         t.join()
 
 
-class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
+class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
     """BEACON adaptive best-of-N over a chat model (or any runnable producing a message/str).
 
     Attributes:
@@ -250,14 +258,17 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
     if TYPE_CHECKING:
         # What the constructor accepts, for type checkers: the validators below also take a
         # plain callable as ``model`` (wrapped in ``RunnableLambda``) and a ``to_dict()`` dict
-        # as ``config``, which the field types (what the attributes hold) do not say.
+        # as ``config``, which the field types (what the attributes hold) do not say. The
+        # overloads tell what ``invoke`` returns from ``return_result``: an ``AIMessage``
+        # (default), a ``BeaconResult`` (``True``), either for a ``bool`` known only at run time.
+        @overload
         def __init__(
-            self,
+            self: BeaconRunnable[AIMessage],
             *,
             model: Runnable[Any, Any] | Callable[..., Any],
             scorer: Any,
             config: BeaconConfig | dict[str, Any] = ...,
-            return_result: bool = False,
+            return_result: Literal[False] = False,
             rate_limiter: BaseRateLimiter | None = None,
             max_concurrency: int = 16,
             retry: RetryPolicy | None = None,
@@ -265,6 +276,40 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
             budget: Budget | None = None,
             name: str | None = None,
         ) -> None: ...
+
+        @overload
+        def __init__(
+            self: BeaconRunnable[BeaconResult],
+            *,
+            model: Runnable[Any, Any] | Callable[..., Any],
+            scorer: Any,
+            config: BeaconConfig | dict[str, Any] = ...,
+            return_result: Literal[True],
+            rate_limiter: BaseRateLimiter | None = None,
+            max_concurrency: int = 16,
+            retry: RetryPolicy | None = None,
+            timeout: float | None = 60.0,
+            budget: Budget | None = None,
+            name: str | None = None,
+        ) -> None: ...
+
+        @overload
+        def __init__(
+            self: BeaconRunnable[AIMessage | BeaconResult],
+            *,
+            model: Runnable[Any, Any] | Callable[..., Any],
+            scorer: Any,
+            config: BeaconConfig | dict[str, Any] = ...,
+            return_result: bool,
+            rate_limiter: BaseRateLimiter | None = None,
+            max_concurrency: int = 16,
+            retry: RetryPolicy | None = None,
+            timeout: float | None = 60.0,
+            budget: Budget | None = None,
+            name: str | None = None,
+        ) -> None: ...
+
+        def __init__(self, **kwargs: Any) -> None: ...
 
     # -- validation ------------------------------------------------------------------------------
     @field_validator("model", mode="before")
@@ -333,9 +378,21 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
             specs.extend(self.scorer.config_specs)
         return get_unique_config_specs(specs)
 
+    def _template_model(self) -> bool:
+        """Whether the model starts with a prompt template (``prompt | chat``): its input is
+        then that template's variables, not a string or messages."""
+        return isinstance(_head(self.model), BasePromptTemplate)
+
     @property
     def InputType(self) -> Any:
-        return LanguageModelInput
+        return self.model.InputType if self._template_model() else LanguageModelInput
+
+    def get_input_schema(self, config: RunnableConfig | None = None) -> TypeBaseModel:
+        """The model's own input schema when it starts with a prompt template (the input goes
+        to it unchanged: a dict of the template's variables), else ``LanguageModelInput``'s."""
+        if self._template_model():
+            return self.model.get_input_schema(config)
+        return super().get_input_schema(config)
 
     @property
     def OutputType(self) -> Any:
@@ -374,13 +431,14 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
     def _query(self, value: Any, config: RunnableConfig) -> LCQuery:
         return LCQuery(lc_prompt_text(value, self.model), value, config)
 
-    def _output(self, res: BeaconResult) -> Any:
+    def _output(self, res: BeaconResult) -> OutputT:
+        # OutputT follows return_result (the constructor's overloads say so to type checkers)
         if self.return_result:
-            return res
+            return cast(OutputT, res)
         best = self.best_message(res)
         if best is None:
             raise BeaconSamplingError(res)
-        return best
+        return cast(OutputT, best)
 
     @staticmethod
     def best_message(res: BeaconResult) -> AIMessage | None:
@@ -408,7 +466,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
     # -- invoke ----------------------------------------------------------------------------------
     async def _ainvoke_inner(
         self, value: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
-    ) -> Any:
+    ) -> OutputT:
         sampler = self._sampler(config)
         query = self._query(value, config)
         res = await sampler.arun(query, observers=[_dispatcher([query])])
@@ -417,14 +475,14 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
 
     async def ainvoke(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
+    ) -> OutputT:
         """Sample, score and stop for one input; returns the best ``AIMessage`` (or result)."""
         self._check_kwargs(kwargs)
         return await self._acall_with_config(self._ainvoke_inner, input, config)
 
     def invoke(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
+    ) -> OutputT:
         """Synchronous :meth:`ainvoke`; safe inside a running event loop (``beacon._sync``)."""
         self._check_kwargs(kwargs)
         return run_sync(self.ainvoke(input, config))
@@ -471,7 +529,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         *,
         return_exceptions: bool = False,
         **kwargs: Any | None,
-    ) -> list[Any]:
+    ) -> list[OutputT]:
         """All inputs through one sampler: ``max_concurrency`` bounds model calls in flight
         across the batch, and one input's failure never loses the others' results."""
         self._check_kwargs(kwargs)
@@ -494,7 +552,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         *,
         return_exceptions: bool = False,
         **kwargs: Any | None,
-    ) -> list[Any]:
+    ) -> list[OutputT]:
         """Synchronous :meth:`abatch` (one event loop, not a thread per input)."""
         self._check_kwargs(kwargs)
         return run_sync(self.abatch(inputs, config, return_exceptions=return_exceptions))
@@ -572,7 +630,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         input: AsyncIterator[LanguageModelInput],
         config: RunnableConfig | None = None,
         **kwargs: Any | None,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncIterator[OutputT]:
         """The composition protocol (a chain streams through it): yields what ``ainvoke``
         returns, once, so the next step (``StrOutputParser``, ...) gets a message as from
         ``invoke``. Progress is in the custom events; :meth:`astream` yields chunks."""
@@ -587,12 +645,15 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         input: Iterator[LanguageModelInput],
         config: RunnableConfig | None = None,
         **kwargs: Any | None,
-    ) -> Iterator[Any]:
+    ) -> Iterator[OutputT]:
         """Synchronous :meth:`atransform` (yields what ``invoke`` returns, once)."""
         self._check_kwargs(kwargs)
         yield from self._transform_stream_with_config(input, self._transform_output, config)
 
-    async def astream(
+    # astream / stream yield BeaconChunks, not the Output type invoke returns (a deliberate
+    # departure from Runnable's contract: the candidates are the progress worth streaming;
+    # inside a chain, transform / atransform keep the contract).
+    async def astream(  # type: ignore[override]
         self,
         input: LanguageModelInput,
         config: RunnableConfig | None = None,
@@ -604,10 +665,11 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
         async def one() -> AsyncIterator[Any]:
             yield input
 
-        async for chunk in self._atransform_stream_with_config(one(), self._atransform, config):
+        chunks: Runnable[Any, Any] = self  # chunks, not OutputT (see above)
+        async for chunk in chunks._atransform_stream_with_config(one(), self._atransform, config):
             yield chunk
 
-    def stream(
+    def stream(  # type: ignore[override]
         self,
         input: LanguageModelInput,
         config: RunnableConfig | None = None,
@@ -615,7 +677,8 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
     ) -> Iterator[BeaconChunk]:
         """Synchronous :meth:`astream` (works inside a running event loop)."""
         self._check_kwargs(kwargs)
-        yield from self._transform_stream_with_config(iter([input]), self._transform, config)
+        chunks: Runnable[Any, Any] = self  # chunks, not OutputT (see astream)
+        yield from chunks._transform_stream_with_config(iter([input]), self._transform, config)
 
     # -- agent tool ------------------------------------------------------------------------------
     def as_beacon_tool(
@@ -640,7 +703,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, Any]):
             )
         if not isinstance(description, str) or not description:
             raise ConfigError("description", description, "must be a non-empty string")
-        runner = self.model_copy(update={"return_result": True})
+        runner = cast(
+            "BeaconRunnable[BeaconResult]", self.model_copy(update={"return_result": True})
+        )
 
         def content(res: BeaconResult) -> tuple[str, dict[str, Any]]:
             best = res.best

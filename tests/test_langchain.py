@@ -220,6 +220,23 @@ def test_non_numeric_scores_fail_samples_and_raise_a_typed_error() -> None:
     assert isinstance(ei.value, beacon.BeaconError)
 
 
+
+@pytest.mark.filterwarnings("ignore:This API is in beta")
+def test_templated_model_declares_its_templates_input_schema() -> None:
+    # the input goes to the model's prompt template unchanged, so the declared input schema is
+    # the template's variables (was LanguageModelInput: as_tool / LangServe rejected the dict)
+    model = ChatPromptTemplate.from_template("Answer: {q}") | ScriptedChatModel(script=SCRIPT)
+    r = make(model=model.with_retry())
+    assert r.get_input_jsonschema() == model.get_input_jsonschema()
+    assert r.get_input_schema().model_validate({"q": "why?"}).model_dump() == {"q": "why?"}
+    tool = r.as_tool(name="best_answer", description="Answer carefully.")
+    msg = tool.invoke({"q": "why?"})
+    check_choice(msg, SCRIPT, CFG)
+    # a bare chat model still declares LanguageModelInput
+    bare = make().get_input_schema()
+    assert bare.__name__ == "BeaconRunnableInput"
+    assert bare.model_validate("why?").model_dump() == "why?"
+
 # -- batch ---------------------------------------------------------------------------------------
 
 
@@ -1028,3 +1045,22 @@ def test_configurable_fields_of_model_and_scorer_are_the_runnables_config_specs(
     # and the configuration reaches the model
     out = r.invoke("q", {"configurable": {"which_model": "best"}})
     assert out.content == "d" and out.response_metadata["beacon"]["rewards"][0] == 0.9
+
+
+def test_a_configurable_beacon_config_has_a_json_schema_and_takes_a_dict() -> None:
+    # configurable_fields(config=...) worked when invoked, but config_schema() (what the
+    # LangServe playground reads) raised: BeaconConfig had no JSON schema.
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langchain_core.runnables import ConfigurableField
+
+    r = BeaconRunnable(
+        model=FakeListChatModel(responses=["a", "bb", "ccc", "dd", "e"]),
+        scorer=lambda p, t: float(len(t)),
+        config=BeaconConfig(cost=0.5, horizon=5),
+    ).configurable_fields(config=ConfigurableField(id="beacon_config"))
+    schema = r.config_schema().model_json_schema()
+    prop = schema["$defs"]["Configurable"]["properties"]["beacon_config"]
+    assert prop["default"] == BeaconConfig(cost=0.5, horizon=5).to_dict()
+    assert {"cost", "horizon", "family"} <= set(prop["properties"])
+    out = r.invoke("q", config={"configurable": {"beacon_config": {"cost": 0.5, "horizon": 4}}})
+    assert out.response_metadata["beacon"]["n_samples"] <= 4

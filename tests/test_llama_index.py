@@ -14,7 +14,11 @@ from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.response.schema import PydanticResponse, Response
 from llama_index.core.embeddings import MockEmbedding
-from llama_index.core.evaluation import BaseEvaluator, EvaluationResult
+from llama_index.core.evaluation import (
+    BaseEvaluator,
+    EvaluationResult,
+    FaithfulnessEvaluator,
+)
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
@@ -187,19 +191,31 @@ async def test_sync_query_inside_a_running_loop_and_async_scorer() -> None:
     assert resp.response == best_of(SCRIPT, CFG)[0]
 
 
+class TableEvaluator(BaseEvaluator):
+    """Scores by the reward table; ``grounded``: needs the answer's contexts, as LlamaIndex's
+    Faithfulness/Relevancy evaluators do."""
+
+    def __init__(self, grounded: bool = False) -> None:
+        self.grounded = grounded
+        self.seen: list[tuple[str, list[str]]] = []
+
+    def _get_prompts(self) -> dict[str, Any]:
+        return {}
+
+    def _update_prompts(self, prompts: Any) -> None:
+        return None
+
+    async def aevaluate(self, query: str | None = None, response: str | None = None,
+                        contexts: Any = None, **kwargs: Any) -> EvaluationResult:
+        if response is None or (self.grounded and contexts is None):
+            raise ValueError("contexts and response must be provided")
+        if contexts is not None:
+            self.seen.append((response, list(contexts)))
+        return EvaluationResult(query=query, response=response, contexts=contexts,
+                                score=REWARDS[response])
+
+
 def test_evaluator_scorer() -> None:
-    class TableEvaluator(BaseEvaluator):
-        def _get_prompts(self) -> dict[str, Any]:
-            return {}
-
-        def _update_prompts(self, prompts: Any) -> None:
-            return None
-
-        async def aevaluate(self, query: str | None = None, response: str | None = None,
-                            contexts: Any = None, **kwargs: Any) -> EvaluationResult:
-            assert response is not None
-            return EvaluationResult(query=query, response=response, score=REWARDS[response])
-
     resp = BeaconQueryEngine(TableEvaluator(), CFG, llm=ScriptedLLM(script=SCRIPT)).query("q")
     assert resp.response == best_of(SCRIPT, CFG)[0]
 
@@ -279,6 +295,32 @@ async def test_inner_engine_mode_keeps_the_chosen_responses_sources(collector: C
     assert md["n_samples"] == n
     # inner queries fire their own Query events inside ours
     assert [e.class_name() for e in collector.events].count("QueryStartEvent") == n + 1
+
+
+
+def test_evaluator_gets_each_samples_own_sources_as_contexts_in_inner_engine_mode() -> None:
+    # was: every sample failed with "contexts and response must be provided", so a RAG
+    # evaluator (FaithfulnessEvaluator, RelevancyEvaluator) could never score a sample
+    inner = ScriptedRAG(SCRIPT)
+    ev = TableEvaluator(grounded=True)
+    resp = BeaconQueryEngine(ev, CFG, query_engine=inner).query("capital?")
+    best, n, _ = best_of(SCRIPT, CFG)
+    assert resp.response == best
+    assert sorted(ev.seen) == sorted(
+        (SCRIPT[i], [inner.sources[i].node.get_content()]) for i in range(n)
+    )
+
+
+def test_faithfulness_evaluator_scores_inner_engine_samples() -> None:
+    judge = ScriptedLLM(script=["YES"])  # the judge finds every answer supported
+    inner = ScriptedRAG(SCRIPT)
+    cfg = BeaconConfig(cost=0.02, horizon=7, family="bernoulli")
+    resp = BeaconQueryEngine(FaithfulnessEvaluator(llm=judge), cfg, query_engine=inner).query(
+        "capital?"
+    )
+    md = resp.metadata or {}
+    assert md["errors"] == [None] and md["rewards"] == [1.0]
+    assert md["stop_reason"] == "absorbed" and resp.response == SCRIPT[0]
 
 
 def test_inner_engine_is_a_real_retriever_query_engine() -> None:
@@ -452,6 +494,31 @@ async def test_transform_inside_transform_query_engine(collector: Collector) -> 
     assert any(isinstance(e, BeaconSampleEvent) for e in collector.events)
     assert transform.get_prompts()["beacon_prompt"].get_template() == "Rewrite: {query_str}"
 
+
+
+async def test_beacon_engine_over_a_transform_query_engine_nests() -> None:
+    # outer BEACON engine (aquery, on this loop) -> TransformQueryEngine._aquery -> the
+    # transform's sync run (a private loop in a worker thread) -> its scorer querying another
+    # BEACON engine synchronously (one more level): no deadlock, each level picks its best
+    rewrites = [f"capital city {t}" for t in SCRIPT]
+    judge = BeaconQueryEngine(table_scorer, CFG, llm=ScriptedLLM(script=SCRIPT))
+    judged: list[str] = []
+
+    def judged_scorer(query: str, rewrite: str) -> float:
+        judged.append(judge.query(rewrite).response)  # a sync query, inside a running loop
+        return table_scorer(query, rewrite)
+
+    transform = BeaconQueryTransform(ScriptedLLM(script=rewrites), judged_scorer, CFG)
+    tqe = TransformQueryEngine(make_index().as_query_engine(llm=ScriptedLLM(script=SCRIPT)),
+                               transform)
+    resp = await BeaconQueryEngine(table_scorer, CFG, query_engine=tqe).aquery("capital?")
+    best, n, _ = best_of(SCRIPT, CFG)
+    assert resp.response == best and (resp.metadata or {})["n_samples"] == n
+    last = transform.last_result
+    assert last is not None and last.best is not None
+    texts = [c.text for c in last.candidates]
+    assert last.best.text == max(texts, key=lambda t: table_scorer("", t))
+    assert len(judged) >= n and set(judged) <= set(SCRIPT)  # every outer sample was judged
 
 # -- priors, transforms, families ---------------------------------------------------------------
 

@@ -224,6 +224,47 @@ def test_missing_extra_error_keeps_the_missing_module_name() -> None:
     assert proc.stdout.strip() == "langchain_core"
 
 
+@pytest.mark.parametrize(
+    ("module", "extra", "missing", "block"),
+    [
+        ("beacon_integrations.langchain", "langchain", "langchain_core",
+         ["langchain_core", "langchain"]),
+        ("beacon_integrations.llama_index", "llamaindex", "llama_index.core", ["llama_index"]),
+    ],
+)
+def test_find_spec_without_the_extra_returns_a_spec_and_import_names_the_extra(
+    module: str, extra: str, missing: str, block: list[str]
+) -> None:
+    # find_spec must answer as for any module with a missing dependency (a spec, no exception:
+    # tools and user code probe optional modules with it); it raised ModuleNotFoundError.
+    code = textwrap.dedent(
+        f"""
+        import importlib, importlib.util
+        try:
+            spec = importlib.util.find_spec({module!r})
+        except BaseException as exc:
+            print("find_spec raised", type(exc).__name__, exc)
+            raise SystemExit(0)
+        print("spec", spec is not None and spec.name == {module!r})
+        try:
+            importlib.import_module({module!r})
+        except ModuleNotFoundError as exc:
+            print("import", exc.name, "|", exc)
+        print("left in sys.modules", {module!r} in sys.modules)
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_Blocker"]
+        importlib.invalidate_caches()  # the framework is installed after all
+        print("imported", importlib.import_module({module!r}).__name__)
+        """
+    )
+    proc = _run(code, block=block)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "spec True", lines
+    assert lines[1].startswith(f"import {missing} | "), lines
+    assert f'pip install "beacon-sampling[{extra}]"' in lines[1]
+    assert lines[2:] == ["left in sys.modules False", f"imported {module}"]
+
+
 def test_core_works_with_every_extra_missing() -> None:
     code = textwrap.dedent(
         """

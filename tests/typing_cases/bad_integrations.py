@@ -15,8 +15,8 @@ def reward(prompt: str, response: str) -> float:
 
 
 chat = FakeListChatModel(responses=["a"])
-BeaconRunnable(model=chat, scorer=reward, config="cost=0.5")  # E: arg-type
-BeaconRunnable(model=chat, scorer=reward, retry=3)  # E: arg-type
-BeaconRunnable(scorer=reward)  # E: call-arg
+BeaconRunnable(model=chat, scorer=reward, config="cost=0.5")  # E: call-overload
+BeaconRunnable(model=chat, scorer=reward, retry=3)  # E: call-overload
+BeaconRunnable(scorer=reward)  # E: call-overload
 BeaconQueryEngine(reward, beacon.BeaconConfig(), llm=MockLLM(), max_concurrency="4")  # E: arg-type
 BeaconQueryEngine(reward, "cfg", llm=MockLLM())  # E: arg-type
