@@ -68,6 +68,12 @@ class ReplayResult:
 
 
 def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
+    if isinstance(rewards, np.ma.MaskedArray):
+        # np.asarray would drop the mask and replay the hidden values: a masked cell is missing
+        if rewards.dtype.kind not in "biuf":
+            raise RewardError("rewards", "<array>", f"must be a numeric 2-D array (elements of "
+                                                    f"dtype {rewards.dtype} are not real numbers)")
+        rewards = np.ma.filled(rewards.astype(np.float64), np.nan)
     try:
         given = np.asarray(rewards)
         # numpy would parse "0.5" and drop an imaginary part; the Stopper refuses both

@@ -327,3 +327,18 @@ def test_replay_equals_a_stopper_prompt_by_prompt_by_hypothesis(
         assert res.truncated[i] == trunc
         assert res.stop_reason[i] == reason
         assert res.chosen[i] == (cols[s.best_index] if s.best_index >= 0 else -1)
+
+
+def test_a_masked_cell_of_a_masked_array_is_missing_not_replayed() -> None:
+    # np.asarray dropped the mask, so the hidden (e.g. invalid) rewards were replayed as drawn
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(200, 8))
+    mask = rng.random(x.shape) < 0.25
+    cfg = BeaconConfig(cost=0.05, horizon=8)
+    got = beacon.replay(np.ma.masked_array(x, mask=mask), cfg)
+    want = beacon.replay(np.where(mask, np.nan, x), cfg)
+    for name in ("n_samples", "chosen", "best_reward", "stop_reason", "truncated"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    assert (beacon.replay(x, cfg).n_samples != want.n_samples).any()  # the mask matters here
+    with pytest.raises(RewardError, match="not real numbers"):
+        beacon.replay(np.ma.masked_array([["a", "b"]], mask=[[0, 1]]), cfg)
