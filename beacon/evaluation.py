@@ -170,6 +170,11 @@ class LoggedRewards:
         zscores: per-prompt standardized rewards (same shape); None computes them from
             ``rewards``. :meth:`truncate` and :meth:`subset` carry them over, so the z-scores
             always use every logged sample of a prompt, not only the first ``horizon``.
+        positions: same shape, the index of each sample in its record's logged list (-1 for
+            padding), so that errors name a sample as the log numbers it after missing
+            samples were dropped; None: the column (nothing was dropped or moved).
+        records: the 1-based record (position in the log) of each prompt, kept by
+            :meth:`subset`; None: row + 1.
     """
 
     ids: tuple[str, ...]
@@ -177,6 +182,8 @@ class LoggedRewards:
     correct: FloatArray | None = None
     source: str = "<records>"
     zscores: FloatArray | None = None
+    positions: IntArray | None = None
+    records: IntArray | None = None
 
     def __post_init__(self) -> None:
         r = np.asarray(self.rewards, dtype=np.float64)
@@ -196,6 +203,18 @@ class LoggedRewards:
             if z.shape != r.shape:
                 raise ConfigError("zscores", f"shape {z.shape}", f"must match rewards {r.shape}")
             object.__setattr__(self, "zscores", z)
+        if self.positions is not None:
+            pos = np.asarray(self.positions, dtype=np.int64)
+            if pos.shape != r.shape:
+                raise ConfigError(
+                    "positions", f"shape {pos.shape}", f"must match rewards {r.shape}"
+                )
+            object.__setattr__(self, "positions", pos)
+        if self.records is not None:
+            rec = np.asarray(self.records, dtype=np.int64)
+            if rec.shape != (r.shape[0],):
+                raise ConfigError("records", f"shape {rec.shape}", f"must be ({r.shape[0]},)")
+            object.__setattr__(self, "records", rec)
         present = ~np.isnan(r)
         empty = np.flatnonzero(~present.any(axis=1))
         if empty.size:
@@ -211,6 +230,7 @@ class LoggedRewards:
                 object.__setattr__(self, "correct", self.correct[rows, order])
             if self.zscores is not None:
                 object.__setattr__(self, "zscores", self.zscores[rows, order])
+            object.__setattr__(self, "positions", self.sample_positions[rows, order])
         object.__setattr__(self, "rewards", r)
 
     # -- shape ------------------------------------------------------------------------------
@@ -232,6 +252,31 @@ class LoggedRewards:
     @property
     def max_samples(self) -> int:
         return int(self.counts.max())
+
+    @property
+    def sample_positions(self) -> IntArray:
+        """:attr:`positions`, or each column's own index where it is None."""
+        if self.positions is not None:
+            return self.positions
+        out: IntArray = np.broadcast_to(
+            np.arange(self.rewards.shape[1], dtype=np.int64), self.rewards.shape
+        ).copy()
+        return out
+
+    @property
+    def record_numbers(self) -> IntArray:
+        """:attr:`records`, or row + 1 where it is None."""
+        if self.records is not None:
+            return self.records
+        return np.arange(1, self.n_prompts + 1, dtype=np.int64)
+
+    def sample_position(self, row: int, column: int) -> int:
+        """Index in its record's logged list of the sample at ``(row, column)``."""
+        return int(self.sample_positions[row, column])
+
+    def record(self, row: int) -> int:
+        """The 1-based record (position in the log) of prompt ``row``."""
+        return int(self.record_numbers[row])
 
     @cached_property
     def is_binary(self) -> bool:
@@ -258,6 +303,8 @@ class LoggedRewards:
             correct=None if self.correct is None else self.correct[idx],
             source=self.source,
             zscores=self.standardized[idx],
+            positions=None if self.positions is None else self.positions[idx],
+            records=self.record_numbers[idx],
         )
 
     def truncate(self, horizon: int) -> LoggedRewards:
@@ -269,6 +316,7 @@ class LoggedRewards:
             rewards=self.rewards[:, :horizon],
             correct=None if self.correct is None else self.correct[:, :horizon],
             zscores=self.standardized[:, :horizon],
+            positions=None if self.positions is None else self.positions[:, :horizon],
         )
 
     def permuted(self, seed: int | np.random.Generator) -> LoggedRewards:
@@ -288,6 +336,7 @@ class LoggedRewards:
             rewards=self.rewards[rows, order],
             correct=None if self.correct is None else self.correct[rows, order],
             zscores=self.standardized[rows, order],
+            positions=self.sample_positions[rows, order],
         )
 
     def for_family(self, family: str) -> LoggedRewards:
@@ -300,7 +349,14 @@ class LoggedRewards:
             return self
         if not self.has_labels:
             if self.is_binary:
-                return LoggedRewards(self.ids, self.rewards, self.rewards, self.source)
+                return LoggedRewards(
+                    self.ids,
+                    self.rewards,
+                    self.rewards,
+                    self.source,
+                    positions=self.positions,
+                    records=self.records,
+                )
             bad = np.argwhere(~np.isnan(self.rewards) & (self.rewards != 0.0)
                               & (self.rewards != 1.0))[0]
             i, j = int(bad[0]), int(bad[1])
@@ -311,7 +367,7 @@ class LoggedRewards:
                 None,
                 "the bernoulli family needs per-sample 'correct' labels, or rewards that are "
                 f"all 0 or 1; this log has no labels and prompt {self.ids[i]!r} has reward "
-                f"{float(self.rewards[i, j])!r} (sample {j})",
+                f"{float(self.rewards[i, j])!r} (sample {self.sample_position(i, j)})",
             )
         assert self.correct is not None
         rows = [row[~np.isnan(row)] for row in self.correct]
@@ -328,12 +384,30 @@ class LoggedRewards:
                 "prompts have none); the bernoulli family replays the labels: leave such "
                 "prompts out (beacon's --min-samples 1), or label them",
             )
-        return LoggedRewards(self.ids, _pad(rows), _pad(rows), self.source)
+        pos = self.sample_positions
+        kept = [pos[i][~np.isnan(row)] for i, row in enumerate(self.correct)]
+        return LoggedRewards(
+            self.ids,
+            _pad(rows),
+            _pad(rows),
+            self.source,
+            positions=_pad_positions(kept),
+            records=self.records,
+        )
 
     @cached_property
     def standardized(self) -> FloatArray:
         """Rewards z-scored per prompt over all its logged samples (see :func:`standardize`)."""
         return standardize(self.rewards) if self.zscores is None else self.zscores
+
+
+def _pad_positions(rows: Sequence[IntArray]) -> IntArray:
+    """Rows of sample positions, padded with -1 (as :func:`_pad` pads rewards with NaN)."""
+    width = max((len(r) for r in rows), default=0)
+    out: IntArray = np.full((len(rows), width), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
 def _pad(rows: Sequence[FloatArray]) -> FloatArray:
@@ -369,9 +443,10 @@ def _parse_number_list(
     return out
 
 
-def _record_row(
-    rec: Any, path: str | None, line: int | None, default_id: str
-) -> tuple[str, list[float], list[float] | None]:
+_Row = tuple[str, list[float], list[float] | None, list[int]]
+
+
+def _record_row(rec: Any, path: str | None, line: int | None, default_id: str) -> _Row:
     if not isinstance(rec, Mapping):
         raise LogFormatError(path, line, "record", rec, "each line must be a JSON object")
     if "rewards" not in rec:
@@ -398,20 +473,21 @@ def _record_row(
     if not keep:
         raise LogFormatError(path, line, "rewards", rec["rewards"], "no logged reward")
     kept_labels = None if labels is None else [labels[j] for j in keep]
-    return str(rid), [rewards[j] for j in keep], kept_labels
+    return str(rid), [rewards[j] for j in keep], kept_labels, keep
 
 
 def _build(
-    rows: list[tuple[str, list[float], list[float] | None]],
+    rows: list[_Row],
     source: str,
     lines: Sequence[int] | None = None,
 ) -> LoggedRewards:
-    """``rows`` (id, rewards, labels) as :class:`LoggedRewards`; ``lines[i]`` is row i's line."""
+    """``rows`` (id, rewards, labels, positions of the kept samples) as :class:`LoggedRewards`;
+    ``lines[i]`` is row i's line."""
     if not rows:
         raise LogFormatError(source, None, "file", source, "holds no prompt (empty log)")
     where = list(range(1, len(rows) + 1)) if lines is None else list(lines)
     first: dict[str, int] = {}
-    for (rid, _, _), line in zip(rows, where, strict=True):
+    for (rid, _, _, _), line in zip(rows, where, strict=True):
         if rid in first:
             # Two lines of one prompt would be scored twice, and cross-fitting could fit a
             # prompt's prior on its own rewards (the other line in another fold).
@@ -429,10 +505,11 @@ def _build(
     correct: FloatArray | None = None
     if any(r[2] is not None for r in rows):
         correct = np.full(rewards.shape, np.nan)
-        for i, (_, rw, lab) in enumerate(rows):
+        for i, (_, rw, lab, _) in enumerate(rows):
             if lab is not None:
                 correct[i, : len(rw)] = lab
-    return LoggedRewards(ids, rewards, correct, source)
+    positions = _pad_positions([np.asarray(r[3], dtype=np.int64) for r in rows])
+    return LoggedRewards(ids, rewards, correct, source, positions=positions)
 
 
 def logged_from_records(records: Iterable[Any], source: str = "<records>") -> LoggedRewards:
@@ -457,7 +534,7 @@ def load_logged(path: str | Path) -> LoggedRewards:
         raise LogFormatError(src, None, "file", src, "no such file")
     if p.is_dir():
         raise LogFormatError(src, None, "file", src, "is a directory, not a JSONL file")
-    rows: list[tuple[str, list[float], list[float] | None]] = []
+    rows: list[_Row] = []
     lines: list[int] = []
     try:
         with p.open("r", encoding="utf-8-sig") as fh:
@@ -669,7 +746,14 @@ def cross_fit(
     fits = []
     for f in range(int(folds)):
         train = np.flatnonzero(assign != f)
-        res = fit_fn(fam.rewards[train], family, spec)
+        try:
+            res = fit_fn(fam.rewards[train], family, spec)
+        except RewardError as exc:
+            # the fit names (row, column) of the training rows; the user knows prompts by id
+            named = name_reward_error(fam, exc, train)
+            if named is exc:
+                raise
+            raise named from exc
         fits.append(FoldFit(res.prior, res.transform, float(res.within_scale), train))
     return CrossFit(family, kind, assign, tuple(fits), seed)
 
@@ -844,6 +928,9 @@ def name_reward_error(
 ) -> RewardError:
     """``exc`` with its ``(row, column)`` position named by prompt id, as the user knows it.
 
+    The prompt's record is its place in the log (kept through :meth:`LoggedRewards.subset`)
+    and the sample its index in the record's logged list (missing samples included).
+
     ``rows`` maps the rows of the array that raised to the prompts of ``data`` (None: the same
     rows). A position of another form is returned unchanged.
     """
@@ -851,7 +938,10 @@ def name_reward_error(
     n = data.n_prompts if rows is None else rows.size
     if isinstance(pos, tuple) and len(pos) == 2 and 0 <= int(pos[0]) < n:
         i = int(pos[0]) if rows is None else int(rows[int(pos[0])])
-        where = f"prompt {data.ids[i]!r} (record {i + 1}), sample {pos[1]}"
+        j: Any = pos[1]
+        if isinstance(j, int | np.integer) and 0 <= j < data.rewards.shape[1]:
+            j = data.sample_position(i, int(j))  # as the log numbers it, missing ones included
+        where = f"prompt {data.ids[i]!r} (record {data.record(i)}), sample {j}"
         return RewardError(where, exc.value, exc.reason)
     return exc
 
@@ -934,6 +1024,17 @@ def quality_of(m: PolicyMetrics, quality: QualityKind) -> float:
         return m.mean_best_reward
     if quality == "accuracy":
         if m.accuracy is None:
+            o = m.outcomes
+            if o is not None and o.correct is not None:
+                # the log has labels, only not on any sample this policy chose
+                who = "BEACON" if m.n is None else f"best-of-{m.n}"
+                raise ConfigError(
+                    "quality",
+                    quality,
+                    f"no sample that {who} chose is labelled (the log's 'correct' labels cover "
+                    "only some samples), so its accuracy is not measured: label every sample, "
+                    "or use quality 'standardized' or 'reward'",
+                )
             raise ConfigError("quality", quality, "the log has no 'correct' labels")
         return m.accuracy
     raise ConfigError("quality", quality, f"must be one of {', '.join(QUALITY_KINDS)}")
@@ -1463,6 +1564,15 @@ class TuneResult:
         """The recommendation against best-of-N at its average samples, with a paired SE."""
         return matched_difference(self.choice.metrics, self.fixed, self.quality)
 
+    def sweep_matched(self) -> tuple[MatchedDifference, ...]:
+        """Each swept point against best-of-N at its average samples, with its paired SE.
+
+        One per ``points`` (same order), computed as :meth:`matched` is for the recommendation
+        (:func:`matched_difference`), so a ``c`` picked from the sweep carries the same kind of
+        standard error; a recommended knee's entry equals :meth:`matched`.
+        """
+        return tuple(matched_difference(p.metrics, self.fixed, self.quality) for p in self.points)
+
     def to_dict(self) -> dict[str, Any]:
         cfg = self.config.to_dict()
         cfg.pop("cost")
@@ -1473,7 +1583,10 @@ class TuneResult:
             "horizon": self.config.horizon,
             "requested_horizon": self.requested_horizon,
             "quality": self.quality,
-            "sweep": [p.to_dict() for p in self.points],
+            "sweep": [
+                {**p.to_dict(), "diff": md.diff, "diff_se": md.se, "diff_prompts": md.n_prompts}
+                for p, md in zip(self.points, self.sweep_matched(), strict=True)
+            ],
             "fixed": [m.to_dict() for m in self.fixed],
             "knee": self.points[self.knee].to_dict(),
             "recommended": self.choice.to_dict(),

@@ -872,3 +872,105 @@ def test_cost_grid_leaves_out_rows_flat_up_to_rounding_so_a_shift_keeps_it() -> 
     sd = np.std([0.0, 2.0, 4.0, 2.0])
     np.testing.assert_allclose(cost_grid(data, cfg, 3), sd * np.logspace(-3, 1, 3))
     np.testing.assert_allclose(cost_grid(shifted, cfg, 3), cost_grid(data, cfg, 3), rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# errors name a sample by its place in the log, a prompt by its record
+# ---------------------------------------------------------------------------------------------
+def test_a_reward_error_names_the_logged_sample_after_a_missing_one() -> None:
+    # rewards[1] is null: the bad reward 1.7 is rewards[2] in the log, not "sample 1" of the
+    # left-aligned row (the user looks it up in the file).
+    d = logged_from_records(
+        [
+            {"id": "a", "rewards": [0.2, 0.3, 0.4, 0.5]},
+            {"id": "b", "rewards": [0.2, None, 1.7, 0.5, 0.6]},
+        ]
+    )
+    with pytest.raises(beacon.RewardError) as info:
+        evaluate(d, beacon.BeaconConfig(cost=0.1, horizon=4, family="judge"))
+    assert "prompt 'b' (record 2), sample 2: 1.7" in str(info.value), str(info.value)
+
+
+def test_a_reward_error_names_the_record_in_the_log_after_a_subset() -> None:
+    # --min-samples leaves out record 2; the bad prompt is still record 3 of the log
+    d = logged_from_records(
+        [
+            {"id": "a", "rewards": [0.2, 0.3, 0.4, 0.5]},
+            {"id": "b", "rewards": [0.1]},
+            {"id": "c", "rewards": [0.2, 1.7, 0.5, 0.6]},
+        ]
+    )
+    kept = d.subset([0, 2])
+    with pytest.raises(beacon.RewardError) as info:
+        evaluate(kept, beacon.BeaconConfig(cost=0.1, horizon=4, family="judge"))
+    assert "prompt 'c' (record 3), sample 1: 1.7" in str(info.value), str(info.value)
+    # the same through a permutation of the samples: 1.7 is still rewards[1] of record 3
+    with pytest.raises(beacon.RewardError) as info:
+        evaluate(kept.permuted(0), beacon.BeaconConfig(cost=0.1, horizon=4, family="judge"))
+    assert "prompt 'c' (record 3), sample 1: 1.7" in str(info.value), str(info.value)
+
+
+def test_bernoulli_error_names_the_logged_sample_after_a_missing_one() -> None:
+    d = logged_from_records([{"id": "a", "rewards": [0.0, None, 1.0, 3.0]}])
+    with pytest.raises(LogFormatError) as info:
+        d.for_family("bernoulli")
+    assert "prompt 'a' has reward 3.0 (sample 3)" in str(info.value), str(info.value)
+
+
+def test_errors_on_bernoulli_labels_name_the_logged_sample() -> None:
+    # labels replayed as rewards: an unlabelled sample is dropped like a missing reward, and a
+    # later error still names the sample as the log numbers it
+    d = logged_from_records(
+        [
+            {"id": "a", "rewards": [1.0, 2.0, 3.0, 4.0], "correct": [True, None, False, True]},
+            {"id": "b", "rewards": [1.0, 2.0, 3.0, 4.0], "correct": [True, False, True, False]},
+        ]
+    )
+    fam = d.subset([1, 0]).for_family("bernoulli")
+    assert fam.ids == ("b", "a")
+    assert [fam.sample_position(1, j) for j in range(3)] == [0, 2, 3]
+    assert fam.record(1) == 1 and fam.record(0) == 2
+
+
+def test_accuracy_on_a_log_labelling_only_unchosen_samples_says_so() -> None:
+    # It said "the log has no 'correct' labels" of a log that has them (on the last sample of
+    # each prompt only, which best-of-1 never chooses).
+    rng = np.random.default_rng(3)
+    records = [
+        {
+            "id": f"q{i}",
+            "rewards": [float(x) for x in rng.normal(size=6)],
+            "correct": [None] * 5 + [bool(i % 2)],
+        }
+        for i in range(10)
+    ]
+    d = logged_from_records(records)
+    assert d.has_labels
+    with pytest.raises(beacon.ConfigError) as info:
+        tune(d, beacon.BeaconConfig(cost=0.1, horizon=6), [0.01, 0.1, 1.0], quality="accuracy")
+    msg = str(info.value)
+    assert "has no 'correct' labels" not in msg and "chose is labelled" in msg, msg
+    assert info.value.field == "quality"
+
+
+def test_direct_construction_with_a_gap_names_the_sample_by_its_column() -> None:
+    # a NaN given in the middle of a row is moved to its end; errors still name the column given
+    d = LoggedRewards(
+        ("a", "b"),
+        np.array([[0.2, 0.3, 0.4, 0.5, 0.6], [0.2, np.nan, 1.7, 0.5, 0.6]]),
+    )
+    with pytest.raises(beacon.RewardError) as info:
+        evaluate(d, beacon.BeaconConfig(cost=0.1, horizon=4, family="judge"))
+    assert "prompt 'b' (record 2), sample 2: 1.7" in str(info.value), str(info.value)
+
+
+def test_cross_fit_reward_errors_name_the_prompt_not_a_training_row() -> None:
+    # It said "invalid reward at position (3, 2)": a row of the fold's training prompts.
+    rng = np.random.default_rng(5)
+    rows = rng.uniform(0.05, 0.95, size=(12, 5))
+    rows[7, 2] = 1.5  # outside the logit transform's [0, 1]
+    d = LoggedRewards(tuple(f"q{i}" for i in range(12)), rows)
+    with pytest.raises(beacon.RewardError) as info:
+        cross_fit(d, "normal", "logit", folds=3)
+    msg = str(info.value)
+    assert "prompt 'q7' (record 8), sample 2: 1.5" in msg and "position" not in msg, msg

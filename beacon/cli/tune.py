@@ -69,6 +69,9 @@ __all__ = [
     "matched_range",
     "plot_tune",
     "register",
+    "se_band",
+    "sweep_rows",
+    "sweep_table",
     "tune_command",
     "variant_label",
     "verdict",
@@ -185,6 +188,27 @@ def _curve(res: TuneResult) -> tuple[list[float], list[float]]:
     return [p.metrics.avg_samples for p in pts], [quality_of(p.metrics, res.quality) for p in pts]
 
 
+def se_band(res: TuneResult, sds: float = 2.0) -> tuple[list[float], list[float], list[float]]:
+    """BEACON's sweep as ``(avg samples, quality - sds SE, quality + sds SE)``, by samples.
+
+    SE is each point's paired standard error of BEACON minus best-of-N at the same average
+    samples (:meth:`TuneResult.sweep_matched`): the matched best-of-N curve lies outside the
+    band exactly where the difference is beyond ``sds`` SE. NaN where there is no SE (1 prompt).
+    """
+    q = res.quality
+    pairs = sorted(
+        zip(res.points, res.sweep_matched(), strict=True), key=lambda t: t[0].metrics.avg_samples
+    )
+    xs, lo, hi = [], [], []
+    for p, md in pairs:
+        y = quality_of(p.metrics, q)
+        half = math.nan if md.se is None else sds * md.se
+        xs.append(p.metrics.avg_samples)
+        lo.append(y - half)
+        hi.append(y + half)
+    return xs, lo, hi
+
+
 # The recommended points (knee star, budget diamond): black-edged, above every curve.
 _OUTLINED: dict[str, Any] = {"mec": "black", "mew": 0.6, "zorder": 7}
 
@@ -193,8 +217,17 @@ def _sweep_curve(ax: Any, res: TuneResult, fmt: str, **style: Any) -> None:
     """One BEACON sweep, labelled with its variant and its matched-samples range."""
     x, y = _curve(res)
     lo, hi = matched_range(res)
-    label = f"BEACON, {variant_label(res)}; minus best-of-N over c: {lo:+.3f} to {hi:+.3f}"
+    label = (
+        f"BEACON, {variant_label(res)}; minus best-of-N over c: {_fq(res, lo, True)} to "
+        f"{_fq(res, hi, True)}"
+    )
     ax.plot(x, y, fmt, label=label, **style)
+
+
+def _fq(res: TuneResult, x: float, sign: bool = False) -> str:
+    """A number in units of ``res.quality``, as the tables print it (raw rewards far from 1 in
+    significant digits; plot_tune's ``fmt`` argument hides :func:`fmt` there)."""
+    return fmt(x, scale=_quality_scale(res), sign=sign)
 
 
 def _point(ax: Any, x: float, y: float, label: str, **style: Any) -> None:
@@ -244,7 +277,9 @@ def plot_tune(
     N, joined by the straight segments that mixing N and N+1 achieves). ``baseline`` (the
     default-prior sweep, when ``res`` is the cross-fitted one) is drawn as a second, lighter
     BEACON curve with its knee ringed. The knee of ``res`` (the recommended variant) is a star
-    and, when a budget chose ``c``, the recommended point a diamond.
+    and, when a budget chose ``c``, the recommended point a diamond; both labels carry their
+    paired SE. A band of ±2 paired SE (:func:`se_band`) around ``res``'s curve shows at which
+    ``c`` the difference from best-of-N is beyond noise: where the best-of-N curve leaves it.
     """
     import matplotlib
 
@@ -278,7 +313,8 @@ def plot_tune(
             ax,
             bkx,
             bky,
-            f"its knee: c={bk.cost:.3g}, {bkx:.2f} samples, {bgain:+.3f} vs best-of-N",
+            f"its knee: c={bk.cost:.3g}, {bkx:.2f} samples, {_fq(baseline, bgain, True)} vs "
+            "best-of-N",
             marker="o",
             ms=9,
             mfc="none",
@@ -286,15 +322,30 @@ def plot_tune(
             mew=1.4,
             zorder=5,
         )
+    bx, blo, bhi = se_band(res)
+    if res.n_prompts > 1:
+        ax.fill_between(
+            bx,
+            blo,
+            bhi,
+            color="tab:blue",
+            alpha=0.15,
+            lw=0,
+            zorder=2,
+            label="± 2 paired SE of BEACON minus best-of-N (best-of-N outside: beyond noise)",
+        )
     _sweep_curve(ax, res, "-o", color="tab:blue", lw=2.0, ms=3.5, zorder=6)
     knee = res.points[res.knee]
     kx, ky = knee.metrics.avg_samples, quality_of(knee.metrics, q)
     fyk = interpolate_fixed(res.fixed, kx, q)
+    kse = res.sweep_matched()[res.knee].se
     _point(
         ax,
         kx,
         ky,
-        f"recommended knee: c={knee.cost:.3g}, {kx:.2f} samples, {ky - fyk:+.3f} vs best-of-N",
+        f"recommended knee: c={knee.cost:.3g}, {kx:.2f} samples, {_fq(res, ky - fyk, True)}"
+        + ("" if kse is None else f" ± {_fq(res, kse)} SE")
+        + " vs best-of-N",
         marker="*",
         ms=17,
         color="tab:orange",
@@ -304,11 +355,14 @@ def plot_tune(
     ch = res.choice
     if ch.rule != "knee":
         cx, cy = ch.metrics.avg_samples, quality_of(ch.metrics, q)
+        cmd = res.matched()
         _point(
             ax,
             cx,
             cy,
-            f"{ch.rule}: c={ch.cost:.3g}, {cx:.2f} samples",
+            f"{ch.rule}: c={ch.cost:.3g}, {cx:.2f} samples, {_fq(res, cmd.diff, True)}"
+            + ("" if cmd.se is None else f" ± {_fq(res, cmd.se)} SE")
+            + " vs best-of-N",
             marker="D",
             ms=8,
             color="tab:green",
@@ -341,34 +395,119 @@ def plot_tune(
     plt.close(fig)
 
 
+_RULE_MARKS = {"knee": "knee", "target-samples": "budget", "max-quality-loss": "budget"}
+
+
+def sweep_rows(res: TuneResult) -> list[tuple[float, PolicyMetrics, MatchedDifference, str]]:
+    """The rows of :func:`sweep_table`: ``(c, metrics, matched difference, mark)`` by ``c``.
+
+    Every swept point, plus the recommendation when a budget chose a ``c`` between swept
+    points. Consecutive costs giving the same average samples are merged into one row (the
+    recommended one where the group holds it, else the knee, else the first); ``mark`` names
+    the knee and the recommendation (``<- knee``, ``<- budget``, or ``<- both``). The
+    recommendation's matched difference is :meth:`TuneResult.matched`, the verdict's own.
+    """
+    ch = res.choice
+    rows: list[tuple[float, PolicyMetrics, MatchedDifference, set[str]]] = []
+    for i, (p, md) in enumerate(zip(res.points, res.sweep_matched(), strict=True)):
+        marks = {"knee"} if i == res.knee else set()
+        if p.metrics is ch.metrics:
+            marks.add(_RULE_MARKS[ch.rule])
+        rows.append((p.cost, p.metrics, md, marks))
+    if not any(p.metrics is ch.metrics for p in res.points):
+        rows.append((ch.cost, ch.metrics, res.matched(), {_RULE_MARKS[ch.rule]}))
+        rows.sort(key=lambda r: r[0])
+    out: list[tuple[float, PolicyMetrics, MatchedDifference, str]] = []
+    group: list[tuple[float, PolicyMetrics, MatchedDifference, set[str]]] = []
+    for row in [*rows, None]:
+        if group and (row is None or row[1].avg_samples != group[0][1].avg_samples):
+            # the recommendation's own figures, else the knee's, else the first's
+            keep = min(group, key=lambda g: (g[1] is not ch.metrics, "knee" not in g[3]))
+            marks = set().union(*(g[3] for g in group))
+            shown = "both" if len(marks) == 2 else next(iter(marks), "")
+            out.append((keep[0], keep[1], keep[2], f"<- {shown}" if shown else ""))
+            group = []
+        if row is not None:
+            group.append(row)
+    return out
+
+
+def _table_unit(scale: float | None) -> tuple[float, int | None]:
+    """``(unit, exponent)``: raw rewards far from 1 are shown in units of ``10**exponent``.
+
+    Where :func:`fmt` would print ``4.421e+09`` (``scale`` outside [0.01, 1e6)), the sweep
+    table prints ``4.421`` in units of 1e9 instead, so that its eight columns fit 80 characters.
+    """
+    if scale is None or scale == 0 or not math.isfinite(scale) or 1e-2 <= abs(scale) < 1e6:
+        return 1.0, None
+    e = math.floor(math.log10(abs(scale)))
+    return 10.0**e, e
+
+
+def _unit_note(res: TuneResult, columns: str) -> str:
+    """A title's note of the unit of ``columns`` where :func:`_table_unit` rescales, else
+    empty."""
+    _, e = _table_unit(_quality_scale(res))
+    return "" if e is None else f" ({res.quality}, {columns} in units of 1e{e})"
+
+
+def _sweep_caption(res: TuneResult, marks: set[str]) -> str:
+    """What the sweep table's diff, SE and ``marks`` (those of its rows) mean."""
+    text = f"diff: BEACON minus best-of-N ({res.quality}); SE: its paired standard error over "
+    if res.n_prompts > 1:
+        text += (
+            f"the {res.n_prompts} prompts; diff/SE within ±2: not distinguishable from noise on "
+            "this log"
+        )
+    else:
+        text += "prompts, none from 1 prompt"
+    if "<- budget" in marks:
+        text += f"; <- budget: the c that --{res.choice.rule} chose"
+    if "<- both" in marks:
+        text += f"; <- both: the knee, also the c that --{res.choice.rule} chose"
+    return text
+
+
 def sweep_table(res: TuneResult) -> Table:
-    """One row per distinct policy of the sweep (costs giving the same E[K] are merged)."""
+    """One row per distinct policy of the sweep (costs giving the same E[K] are merged).
+
+    Each row: BEACON at that ``c``, best-of-N at the same average samples, their difference and
+    its paired standard error over prompts with the difference in SEs
+    (:meth:`TuneResult.sweep_matched`), so a ``c`` other than the recommended one can be told
+    from noise; the recommended row's figures are the verdict's.
+    """
     q = res.quality
+    rows = sweep_rows(res)
     t = Table(
         title=f"BEACON, {variant_label(res)}, over c (horizon {res.config.horizon}; "
         f"{cost_units(res.crossfit, res.config.family)}) against fixed best-of-N at the same "
-        "average samples",
+        "average samples" + _unit_note(res, "best-of-N, diff and SE"),
         title_justify="left",
+        caption=_sweep_caption(res, {r[3] for r in rows}),
+        caption_justify="left",
     )
     t.add_column("c", justify="right")
-    t.add_column("avg samples", justify="right")
-    t.add_column(q if q != "standardized" else "mean zhat", justify="right")
-    t.add_column("best-of-N at same samples", justify="right")
-    t.add_column("difference", justify="right")
+    t.add_column("avg K", justify="right")
+    unit, _ = _table_unit(_quality_scale(res))
+    t.add_column(q if q != "standardized" else "zhat", justify="right")
+    t.add_column("best-of-N", justify="right")
+    t.add_column("diff", justify="right")
+    t.add_column("SE", justify="right")
+    t.add_column("diff/SE", justify="right")
     t.add_column("")
-    scale = _quality_scale(res)
-    last: float | None = None
-    for i, p in enumerate(res.points):
-        k = p.metrics.avg_samples
-        if last is not None and k == last:
-            continue
-        last = k
-        mine = quality_of(p.metrics, q)
-        theirs = interpolate_fixed(res.fixed, k, q)
-        mark = "<- knee" if i == res.knee else ""
-        diff = fmt(mine - theirs, scale=scale, sign=True)
-        t.add_row(f"{p.cost:.4g}", f"{k:.2f}", fmt(mine, scale=scale), fmt(theirs, scale=scale),
-                  diff, mark)
+    for cost, m, md, mark in rows:
+        k = m.avg_samples
+        ratio = "-" if not md.se else f"{md.diff / md.se:+.2f}"
+        t.add_row(
+            f"{cost:.4g}",
+            f"{k:.2f}",
+            fmt(quality_of(m, q) / unit),
+            fmt(interpolate_fixed(res.fixed, k, q) / unit),
+            fmt(md.diff / unit, sign=True),
+            fmt(None if md.se is None else md.se / unit),
+            ratio,
+            mark,
+        )
     return t
 
 
@@ -380,9 +519,10 @@ def _quality_scale(res: TuneResult) -> float | None:
 def variants_table(results: list[TuneResult]) -> Table:
     """The variants side by side at their recommended c (the last one is the recommended one)."""
     q = results[-1].quality
+    unit, _ = _table_unit(_quality_scale(results[-1]))
     t = Table(
         title="BEACON variants at their recommended c, against best-of-N at the same average "
-        "samples",
+        "samples" + _unit_note(results[-1], "best-of-N and diff"),
         title_justify="left",
     )
     for col in ("variant", "c", "avg K", q if q != "standardized" else "zhat", "best-of-N", "diff"):
@@ -391,14 +531,13 @@ def variants_table(results: list[TuneResult]) -> Table:
         m = r.choice.metrics
         mine, theirs = quality_of(m, q), interpolate_fixed(r.fixed, m.avg_samples, q)
         name = variant_label(r, short=True) + (" *" if i == len(results) - 1 else "")
-        scale = _quality_scale(r)
         t.add_row(
             name,
             f"{r.choice.cost:.4g}",
             f"{m.avg_samples:.2f}",
-            fmt(mine, scale=scale),
-            fmt(theirs, scale=scale),
-            fmt(mine - theirs, scale=scale, sign=True),
+            fmt(mine / unit),
+            fmt(theirs / unit),
+            fmt((mine - theirs) / unit, sign=True),
             style="bold cyan" if i == len(results) - 1 else None,
         )
     return t
@@ -409,7 +548,11 @@ def range_lines(results: list[TuneResult]) -> list[str]:
     parts = []
     for r in results:
         lo, hi = matched_range(r)
-        parts.append(f"{variant_label(r, short=True)} {lo:+.3f}..{hi:+.3f}")
+        scale = _quality_scale(r)
+        parts.append(
+            f"{variant_label(r, short=True)} {fmt(lo, scale=scale, sign=True)}.."
+            f"{fmt(hi, scale=scale, sign=True)}"
+        )
     return [
         f"Over the whole c sweep, BEACON minus best-of-N at the same average samples "
         f"({results[-1].quality}): " + "; ".join(parts) + "."
