@@ -24,10 +24,17 @@ Stopper decision) on LlamaIndex's instrumentation dispatcher, inside the query's
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncGenerator, Generator
 from typing import Any, Literal
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
-from llama_index.core.base.response.schema import RESPONSE_TYPE, PydanticResponse, Response
+from llama_index.core.base.response.schema import (
+    RESPONSE_TYPE,
+    AsyncStreamingResponse,
+    PydanticResponse,
+    Response,
+    StreamingResponse,
+)
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
@@ -255,6 +262,16 @@ def result_metadata(res: BeaconResult) -> dict[str, Any]:
     }
 
 
+def _text(text: str) -> Generator[str, None, None]:
+    """A finished answer as a token stream: the whole text, once."""
+    yield text
+
+
+async def _atext(text: str) -> AsyncGenerator[str, None]:
+    """:func:`_text` for ``AsyncStreamingResponse``."""
+    yield text
+
+
 class BeaconQueryEngine(BaseQueryEngine):
     """Best-of-N with BEACON stopping over an LLM or an inner query engine.
 
@@ -275,6 +292,12 @@ class BeaconQueryEngine(BaseQueryEngine):
         timeout: seconds per model/scorer attempt (``None``: no limit).
         budget: per-query caps on tokens, money or wall time.
         callback_manager: LlamaIndex callback manager (legacy callbacks).
+        streaming: return the chosen answer as a ``StreamingResponse`` (``query``) or an
+            ``AsyncStreamingResponse`` (``aquery``), what a streaming chat engine
+            (``CondenseQuestionChatEngine.stream_chat`` / ``astream_chat``) requires of its
+            query engine. Best-of-N chooses among complete answers, so the stream starts once
+            BEACON has stopped and yields the chosen text whole, with its source nodes and
+            metadata; a structured-output (``PydanticResponse``) answer is returned as is.
 
     Raises :class:`BeaconSamplingError` when no sample could be scored.
     """
@@ -292,7 +315,10 @@ class BeaconQueryEngine(BaseQueryEngine):
         timeout: float | None = 60.0,
         budget: Budget | None = None,
         callback_manager: CallbackManager | None = None,
+        streaming: bool = False,
     ) -> None:
+        if not isinstance(streaming, bool):
+            raise ConfigError("streaming", streaming, "must be True or False")
         if (llm is None) == (query_engine is None):
             raise ConfigError(
                 "llm/query_engine", (llm, query_engine), "give exactly one of llm or query_engine"
@@ -305,6 +331,7 @@ class BeaconQueryEngine(BaseQueryEngine):
             raise ConfigError("prompt_template", prompt_template, "applies to llm mode only")
         self._llm = llm
         self._query_engine = query_engine
+        self._streaming = streaming
         self._prompt = _as_template(
             "prompt_template", prompt_template, PromptTemplate("{query_str}"), _ENGINE_VARS
         )
@@ -350,6 +377,25 @@ class BeaconQueryEngine(BaseQueryEngine):
         return res
 
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        resp = await self._abest(query_bundle)
+        if self._streaming and isinstance(resp, Response):
+            text = resp.response or ""
+            # a finished stream: its text is known (response_txt), its generator yields it
+            return AsyncStreamingResponse(
+                _atext(text), list(resp.source_nodes), resp.metadata, response_txt=text
+            )
+        return resp
+
+    def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        resp = run_sync(self._aquery(query_bundle))
+        if isinstance(resp, AsyncStreamingResponse):  # streaming: the sync kind of stream
+            return StreamingResponse(
+                _text(resp.response_txt or ""), list(resp.source_nodes), resp.metadata
+            )
+        return resp
+
+    async def _abest(self, query_bundle: QueryBundle) -> Response | PydanticResponse:
+        """The chosen sample as a complete response (its own sources, BEACON's metadata)."""
         res = await self.arun(query_bundle)
         best = res.best
         if best is None:
@@ -369,9 +415,6 @@ class BeaconQueryEngine(BaseQueryEngine):
                 metadata={**(chosen.metadata or {}), **meta},
             )
         return Response(response=best.text, source_nodes=[], metadata=meta)
-
-    def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        return run_sync(self._aquery(query_bundle))
 
     # -- retrieval: the inner query engine's --------------------------------------------------
     def _retrieving_engine(self, method: str) -> BaseQueryEngine:

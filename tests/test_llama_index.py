@@ -682,3 +682,53 @@ def test_a_scorer_failing_one_candidate_is_reported_in_the_response() -> None:
     assert [e for j, e in enumerate(md["errors"]) if j != i] == [None] * (len(md["errors"]) - 1)
     assert md["usage"]["failed_calls"] == 1  # a ValueError is not retried
     json.dumps(md)
+
+
+def test_a_streaming_chat_engine_streams_the_chosen_answer_over_beacon() -> None:
+    # CondenseQuestionChatEngine.stream_chat / astream_chat need a streaming response from their
+    # query engine; BeaconQueryEngine always returned a plain Response ("Streaming is not
+    # enabled. Please use chat() instead.").
+    from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
+    from llama_index.core.chat_engine import CondenseQuestionChatEngine
+    from llama_index.core.memory import ChatMemoryBuffer
+
+    best, n, _ = best_of(SCRIPT, CFG)
+    i = SCRIPT.index(best)
+    inner = ScriptedRAG(SCRIPT)
+    qe = BeaconQueryEngine(table_scorer, CFG, query_engine=inner, streaming=True)
+    def memory() -> ChatMemoryBuffer:  # a word tokenizer: the default one downloads tiktoken's
+        return ChatMemoryBuffer.from_defaults(tokenizer_fn=str.split)
+
+    chat = CondenseQuestionChatEngine.from_defaults(
+        query_engine=qe, llm=ScriptedLLM(script=["q"]), memory=memory()
+    )
+    streamed = chat.stream_chat("capital?")
+    assert "".join(streamed.response_gen) == best
+    assert [s.node.node_id for s in streamed.source_nodes] == [inner.sources[i].node.node_id]
+
+    resp = qe.query("capital?")  # sync: a StreamingResponse with the chosen sample's evidence
+    assert isinstance(resp, StreamingResponse)
+    assert resp.metadata is not None and resp.metadata["n_samples"] == n
+    assert str(resp) == best
+
+    async def astream() -> tuple[str, Any]:
+        chat2 = CondenseQuestionChatEngine.from_defaults(
+            query_engine=BeaconQueryEngine(table_scorer, CFG, llm=ScriptedLLM(script=SCRIPT),
+                                           streaming=True),
+            llm=ScriptedLLM(script=["q"]),
+            memory=memory(),
+        )
+        r = await chat2.astream_chat("capital?")
+        text = "".join([t async for t in r.async_response_gen()])
+        aresp = await BeaconQueryEngine(
+            table_scorer, CFG, llm=ScriptedLLM(script=SCRIPT), streaming=True
+        ).aquery("q")
+        return text, aresp
+
+    text, aresp = asyncio.run(astream())
+    assert text == best
+    assert isinstance(aresp, AsyncStreamingResponse)
+    assert (aresp.metadata or {})["n_samples"] == n
+    with pytest.raises(beacon.ConfigError, match="streaming"):
+        BeaconQueryEngine(table_scorer, CFG, llm=ScriptedLLM(script=SCRIPT),
+                          streaming="yes")  # type: ignore[arg-type]
