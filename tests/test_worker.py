@@ -381,6 +381,15 @@ def test_collect_purge_keeps_the_state_of_a_job_with_failed_prompts(
     retry = tier.submit(iter_prompt_file(prompts), spec, job_id=job_id, store=tier.store,
                         queue=nobody, retry_failed=True)
     assert (retry.enqueued, retry.already) == (1, 2)
+    # While the retry runs the prompt is pending: not even --purge-failed purges the job
+    # under it (its paid result would have nowhere to go).
+    res = runner.invoke(app, ["collect", job_id, "--out", str(out), "--purge",
+                              "--purge-failed", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["purged"] is False, res.output
+    assert "pending" in json.loads(res.stdout)["purge_refused"]
+    for key, r in rows.items():  # the retry fails again, as the worker would store it
+        if not r["ok"]:
+            tier.store.store_error(job_id, key, {"record": r, "dpo": None})
     # --purge-failed needs --purge (exit 2, nothing purged) and gives the failures up.
     res = runner.invoke(app, ["collect", job_id, "--out", str(out), "--purge-failed"])
     assert res.exit_code == 2 and "--purge-failed" in res.output, res.output
@@ -762,3 +771,387 @@ def test_resubmitting_a_running_job_sends_only_prompts_the_broker_lost(
 
 def _task_key(raw: bytes) -> str:
     return str(json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1])
+
+
+# -- a worker configured with another key prefix or state store must not eat the job's messages --
+def _wait_unless_lost(store: Any, job_id: str, queue: str, timeout: float,
+                      worker: Worker) -> Any:
+    """Wait for the job to finish; fail at once when its messages are gone (nothing queued or
+    held unacknowledged on ``queue``, twice a second apart) while prompts are still pending."""
+    t0 = time.monotonic()
+    gone = 0
+    while True:
+        st = store.status(job_id)
+        if st.finished:
+            return st
+        if worker.proc.poll() is not None:
+            raise AssertionError(f"worker exited: {worker.log.read_text()[-3000:]}")
+        gone = gone + 1 if _queued(queue) + _unacked_in(queue) == 0 else 0
+        if gone >= 10:
+            raise AssertionError(f"job {job_id}: {st.pending} prompt(s) pending but no message "
+                                 f"left on {queue}\n{worker.log.read_text()[-3000:]}")
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"job {job_id} stuck at {st.to_dict()}\n"
+                                 f"{worker.log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def _prompts(path: Path, n: int, tag: str) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "prompt": f"{tag} {i}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_a_worker_with_another_key_prefix_completes_the_submitters_job(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """A worker started with another BEACON_KEY_PREFIX on the submitter's queue and state
+    store used to look the job up under its own prefix, fail, and acknowledge the message:
+    the prompt stayed pending forever. The message says where its job lives."""
+    import redis
+
+    queue, other = f"{PREFIX}-otherprefix", f"{PREFIX}-wrongprefix"
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    n = 4
+    prompts = _prompts(tmp_path / "p.jsonl", n, "prefix")
+    w = Worker(queue, tmp_path / "w.log",
+               env={**_limits(10, 15, 30), "BEACON_KEY_PREFIX": other,
+                    "BEACON_SWEEP_INTERVAL": "0"})
+    try:
+        res = tier.submit(iter_prompt_file(prompts), spec, job_id=f"{PREFIX}-prefix-job",
+                          store=tier.store, queue=queue)
+        st = _wait_unless_lost(tier.store, res.job_id, queue, 120, worker=w)
+    finally:
+        w.stop()
+    assert (st.done, st.failed) == (n, 0)
+    assert list(redis.Redis.from_url(REDIS_URL).scan_iter(f"{other}:*")) == []
+    log = w.log.read_text()
+    assert f"BEACON_KEY_PREFIX={other!r}" in log and f"{PREFIX!r}" in log, log[-3000:]
+
+
+def test_a_worker_on_another_state_store_leaves_the_messages_to_a_right_one(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """A worker whose BEACON_STATE_URL is another Redis (the job is not there) used to fail the
+    prompt and acknowledge its message: lost. Now it refuses the message without acknowledging
+    it (an error naming both prefixes), so a correctly configured worker runs it; messages
+    from submitters that predate the header still run on a matching worker."""
+    import redis
+
+    from beacon.jobs import PromptRecord
+    from beacon.jobs.keys import prompt_key
+    from worker.tasks import run_prompt
+
+    queue, other = f"{PREFIX}-otherstore", f"{PREFIX}-m"
+    other_url = "redis://127.0.0.1:6379/12"
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    n = 4
+    prompts = _prompts(tmp_path / "p.jsonl", n, "store")
+    r12 = redis.Redis.from_url(other_url)
+    m = Worker(queue, tmp_path / "m.log",
+               env={**_limits(10, 15, 30), "BEACON_STATE_URL": other_url,
+                    "BEACON_RESULT_BACKEND": other_url, "BEACON_KEY_PREFIX": other,
+                    "BEACON_SWEEP_INTERVAL": "0"})
+    try:
+        res = tier.submit(iter_prompt_file(prompts), spec, job_id=f"{PREFIX}-store-job",
+                          store=tier.store, queue=queue)
+        t0 = time.monotonic()
+        # A third refusal means a process finished refusing one (its Reject went through) and
+        # took another: the worker has 2 processes, each holds one message while it refuses.
+        while m.log.read_text().count("refused prompt") < 3:
+            assert _queued(queue) + _unacked_in(queue) > 0, (
+                f"the misconfigured worker took every message\n{m.log.read_text()[-3000:]}")
+            assert m.proc.poll() is None and time.monotonic() - t0 < 120, m.log.read_text()
+            time.sleep(0.1)
+    finally:
+        m.stop()
+    log = m.log.read_text()
+    assert f"BEACON_KEY_PREFIX={other!r}" in log and f"{PREFIX!r}" in log, log[-3000:]
+    assert tier.store.status(res.job_id).pending == n  # refused, not failed
+    # A message as submitters sent it before the header existed (no prefix, no store id).
+    rec = PromptRecord("legacy", "store legacy", line=n + 1)
+    key = prompt_key(rec, spec)
+    tier.store.add_prompts(res.job_id, [(key, {"record": rec.to_dict(), "line": n + 1})])
+    run_prompt.s(res.job_id, key, rec.to_dict(), n + 1,
+                 tier.store.spec_ref(spec.to_dict())).apply_async(queue=queue)
+    c = Worker(queue, tmp_path / "c.log", env=_limits(10, 15, 30))
+    try:
+        st = _wait_unless_lost(tier.store, res.job_id, queue, 120, worker=c)
+    finally:
+        c.stop()
+    try:
+        assert (st.total, st.done, st.failed) == (n + 1, n + 1, 0)
+        assert list(r12.scan_iter(f"{PREFIX}*")) == []  # nothing written to the wrong store
+    finally:
+        stale = list(r12.scan_iter(f"{PREFIX}*"))
+        if stale:
+            r12.delete(*stale)
+
+
+def test_message_headers_are_checked_and_named_on_the_bulk_page(tier: SimpleNamespace) -> None:
+    from worker.tasks import (
+        HEADER_PREFIX,
+        HEADER_STORE,
+        ForeignStoreError,
+        MessageHeaderError,
+        _store_for_message,
+        get_store,
+    )
+
+    job = f"{PREFIX}-headers"
+    assert _store_for_message(job, {}) is get_store()  # an older submitter's message
+    from worker.state import JobStore
+
+    mine = JobStore(REDIS_URL, prefix=f"{PREFIX}-elsewhere").store_id()
+    ok = _store_for_message(job, {HEADER_PREFIX: f"{PREFIX}-elsewhere", HEADER_STORE: mine})
+    assert ok.prefix == f"{PREFIX}-elsewhere" and ok.r is get_store().r
+    for bad, field in (({HEADER_PREFIX: ""}, HEADER_PREFIX),
+                       ({HEADER_PREFIX: "a b"}, HEADER_PREFIX),
+                       ({HEADER_PREFIX: 5}, HEADER_PREFIX),
+                       ({HEADER_PREFIX: PREFIX, HEADER_STORE: ""}, HEADER_STORE),
+                       ({HEADER_PREFIX: PREFIX, HEADER_STORE: ["x"]}, HEADER_STORE)):
+        with pytest.raises(MessageHeaderError) as e:
+            _store_for_message(job, bad)
+        assert (e.value.field, e.value.value) == (field, bad[field])
+    with pytest.raises(ForeignStoreError) as f:
+        _store_for_message(job, {HEADER_PREFIX: PREFIX, HEADER_STORE: "0" * 32})
+    assert f.value.field == "BEACON_STATE_URL" and "0" * 32 in str(f.value)
+    text = (ROOT / "docs" / "bulk.md").read_text()
+    for name in (HEADER_PREFIX, HEADER_STORE, "MessageHeaderError", "store-id"):
+        assert f"`{name}" in text or f":{name}`" in text, name
+
+
+def test_resending_a_job_submitted_with_two_specs_sends_each_prompt_with_its_own_spec(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """A job id reused with another spec (``--job-id``) holds prompts of both specs. The
+    sweeper and ``status --requeue-lost`` used to resend every pending prompt with the
+    latest spec, so a worker failed the first spec's prompts ("key does not match the prompt
+    and job spec")."""
+    import redis
+
+    from beacon.jobs import PromptRecord
+    from beacon.jobs.keys import prompt_key
+    from worker.recovery import requeue_lost
+    from worker.tasks import resend
+
+    queue = f"{PREFIX}-twospecs"
+    prompts = _prompts(tmp_path / "p.jsonl", 2, "two specs")
+    job_id = f"{PREFIX}-two-specs"
+    specs = [JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                     beacon.BeaconConfig(cost=c, horizon=4)) for c in (0.1, 0.2)]
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        for spec in specs:
+            tier.submit(iter_prompt_file(prompts), spec, job_id=job_id, store=tier.store,
+                        queue=queue)
+        r.delete(queue)  # the broker lost every message
+        rq = requeue_lost(tier.store, job_id, broker_url=REDIS_URL, force=True,
+                          send=lambda j, items, q: resend(j, items, q, store=tier.store))
+        assert rq.lost == 4 and _queued(queue) == 4
+        for raw in r.lrange(queue, 0, -1):
+            job, key, record, line, ref = json.loads(
+                base64.b64decode(json.loads(raw)["body"]))[0]
+            spec = JobSpec.from_dict(tier.store.spec(job, ref))
+            # What the worker checks before it runs the prompt.
+            assert prompt_key(PromptRecord.from_dict(record, line=line), spec) == key
+    finally:
+        r.delete(queue)
+
+
+def test_a_job_moved_to_another_queue_does_not_resend_what_waits_in_the_first(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """Submitting a job again to another queue (BEACON_QUEUE, e.g. to move it to a faster
+    pool) rightly sends nothing that still waits in the first queue, but the job then
+    recorded only the new queue: the sweeper and ``status --requeue-lost`` scanned that one,
+    took every prompt waiting in the first for lost and sent it again (run and paid twice)."""
+    import redis
+
+    from worker.recovery import requeue_lost
+    from worker.tasks import resend
+
+    q1, q2, q3 = (f"{PREFIX}-move{i}" for i in (1, 2, 3))
+    n = 3
+    prompts = _prompts(tmp_path / "p.jsonl", n, "moved")
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    r = redis.Redis.from_url(REDIS_URL)
+    sent: list[str] = []
+
+    def send(j: str, items: list[tuple[str, dict[str, Any]]], q: str) -> None:
+        sent.extend(k for k, _ in items)
+        resend(j, items, q, store=tier.store)
+
+    try:
+        first = tier.submit(iter_prompt_file(prompts), spec, input_digest=_digest(prompts),
+                            store=tier.store, queue=q1)
+        moved = tier.submit(iter_prompt_file(prompts), spec, input_digest=_digest(prompts),
+                            store=tier.store, queue=q2)
+        assert (first.enqueued, moved.enqueued, moved.queued) == (n, 0, n)
+        rq = requeue_lost(tier.store, first.job_id, broker_url=REDIS_URL, send=send,
+                          grace=0.0, settle=0.0)
+        assert (rq.pending, rq.lost, sent) == (n, 0, [])
+        again = tier.submit(iter_prompt_file(prompts), spec, input_digest=_digest(prompts),
+                            store=tier.store, queue=q3)  # and once more: q1 still counts
+        assert (again.enqueued, again.queued) == (0, n)
+        lost = r.rpop(q1)  # one message the broker loses: that one alone is sent, to q3
+        rq = requeue_lost(tier.store, first.job_id, broker_url=REDIS_URL, send=send,
+                          grace=0.0, settle=0.0)
+        assert (rq.lost, sent, _queued(q3)) == (1, [_task_key(lost)], 1)
+        assert (_queued(q1), _queued(q2)) == (n - 1, 0)
+    finally:
+        r.delete(q1, q2, q3)
+
+
+def test_a_prompt_that_kills_its_worker_process_is_failed_not_run_forever(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """A prompt whose run kills the pool process (out of memory, a crash in native code, a
+    SIGKILL) had its message requeued by ``task_reject_on_worker_lost`` and run again, at
+    once, forever: every run paid for, the job never finished. After BEACON_MAX_LOST_RUNS
+    lost runs it is failed with an error that says so; the other prompts are not affected."""
+    queue = f"{PREFIX}-poison"
+    runs = tmp_path / "runs.txt"
+    mod = tmp_path / "poison_factories.py"
+    mod.write_text(
+        "import os, signal\n"
+        "async def generate(prompt):\n"
+        "    if 'poison' in str(prompt):\n"
+        f"        with open({str(runs)!r}, 'a') as f:\n"
+        "            f.write('run\\n')\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return 'fine'\n"
+        "def generator():\n"
+        "    return generate\n")
+    spec = JobSpec(FactorySpec("poison_factories:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "ok", "prompt": "fine"}\n{"id": "bad", "prompt": "poison"}\n')
+    limit = 2
+    w = Worker(queue, tmp_path / "w.log", concurrency=1,
+               env={**_limits(10, 15, 30), "BEACON_MAX_LOST_RUNS": str(limit),
+                    "BEACON_ALLOWED_FACTORIES": "poison_factories",
+                    "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    try:
+        res = tier.submit(iter_prompt_file(prompts), spec, job_id=f"{PREFIX}-poison-job",
+                          store=tier.store, queue=queue)
+        t0 = time.monotonic()
+        while not tier.store.status(res.job_id).finished:
+            n = len(runs.read_text().splitlines()) if runs.exists() else 0
+            assert n <= limit, f"the poison prompt ran {n} times\n{w.log.read_text()[-2000:]}"
+            assert time.monotonic() - t0 < 180, w.log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        w.stop()
+    st = tier.store.status(res.job_id)
+    assert (st.done, st.failed) == (1, 1)
+    assert len(runs.read_text().splitlines()) == limit
+    (err,) = [p["record"] for _, p in tier.store.iter_errors(res.job_id)]
+    assert err["id"] == "bad" and err["error"]["type"] == "LostRunsError"
+    assert err["error"]["field"] == "BEACON_MAX_LOST_RUNS" and err["error"]["value"] == limit
+
+
+def test_a_redis_blip_while_storing_does_not_run_the_prompt_again(
+    tier: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis unreachable for a moment when the outcome is stored: the task used to be retried
+    as a whole (autoretry), so the prompt ran, and was paid for, a second time. The store is
+    retried; the prompt runs once."""
+    import redis
+
+    from beacon.jobs import PromptRecord
+    from beacon.jobs.execute import PromptExecutor
+    from beacon.jobs.keys import prompt_key
+    from worker.state import JobStore
+    from worker.tasks import get_store, run_prompt
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    job_id = f"{PREFIX}-blip"
+    rec = PromptRecord("blip", "a prompt stored during a blip", line=1)
+    key = prompt_key(rec, spec)
+    store = get_store()
+    ref = store.create(job_id, spec.to_dict(), source="blip")
+    store.add_prompts(job_id, [(key, {"record": rec.to_dict(), "line": 1, "spec": ref})])
+    runs: list[str] = []
+    original_run, original_store = PromptExecutor.run, JobStore.store_result
+
+    def counting_run(self: Any, record: Any, k: str, **kw: Any) -> Any:
+        runs.append(k)
+        return original_run(self, record, k, **kw)
+
+    blips = [redis.exceptions.ConnectionError("Connection refused (a blip)")]
+
+    def flaky_store(self: Any, *a: Any, **kw: Any) -> Any:
+        if blips:
+            raise blips.pop()
+        return original_store(self, *a, **kw)
+
+    monkeypatch.setattr(PromptExecutor, "run", counting_run)
+    monkeypatch.setattr(JobStore, "store_result", flaky_store)
+    out = run_prompt.apply(args=[job_id, key, rec.to_dict(), 1, ref])
+    assert out.get(propagate=True) == "ok"
+    assert not blips and runs == [key]  # stored after the blip, run once
+    assert store.status(job_id).done == 1
+
+
+def test_a_retried_failed_prompt_is_pending_until_its_retry_ends(
+    tier: SimpleNamespace, tmp_path: Path
+) -> None:
+    """``submit --retry-failed`` resent a failed prompt but left its old error in place, so
+    the job still read as finished (pending 0) while the retry ran: ``submit --retry-failed
+    --wait --out`` and ``collect --wait`` returned at once with the old error lines, the
+    sweeper could never resend a lost retry, and ``collect --purge --purge-failed`` purged
+    the job under the running retry, whose paid result then had nowhere to go."""
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    prompts = _prompts(tmp_path / "p.jsonl", 3, "retried")
+    job_id = f"{PREFIX}-retry-pending"
+    nobody = f"{PREFIX}-nobody-listens"
+    first = tier.submit(iter_prompt_file(prompts), spec, job_id=job_id, store=tier.store,
+                        queue=nobody)
+    keys = sorted(k for k, _ in tier.store.iter_prompts(job_id))
+    tier.store.store_result(job_id, keys[0], {"record": {"key": keys[0], "ok": True},
+                                              "dpo": None})
+    for k in keys[1:]:  # what a worker stores when the model is down
+        tier.store.store_error(job_id, k, {"record": {"key": k, "ok": False,
+                                                      "error": {"type": "NoSample",
+                                                                "message": "model down"}}})
+    assert first.enqueued == 3 and tier.store.status(job_id).finished
+    plain = tier.submit(iter_prompt_file(prompts), spec, job_id=job_id, store=tier.store,
+                        queue=nobody)
+    assert (plain.enqueued, plain.already) == (0, 3)
+    assert tier.store.status(job_id).failed == 2  # not retried: still failed
+    retry = tier.submit(iter_prompt_file(prompts), spec, job_id=job_id, store=tier.store,
+                        queue=nobody, retry_failed=True)
+    assert (retry.enqueued, retry.already) == (2, 1)
+    st = tier.store.status(job_id)
+    assert (st.done, st.failed, st.pending) == (1, 0, 2)
+    assert dict(tier.store.unfinished(job_id)).keys() == set(keys[1:])  # the sweeper's view
+
+
+def test_storing_an_outcome_keeps_the_whole_job_alive_for_the_ttl(tier: SimpleNamespace) -> None:
+    """Job state is kept BEACON_JOB_TTL seconds after the last write, but a stored outcome
+    refreshed only the results and errors hashes: a job running longer than the TTL lost its
+    meta and prompts while its workers kept storing (paid) results, and status / collect then
+    said "unknown job"."""
+    from worker.state import JobStore
+
+    ttl = 1000
+    st = JobStore(REDIS_URL, prefix=PREFIX, ttl=ttl)
+    job_id = f"{PREFIX}-ttl"
+    st.create(job_id, {"spec": "x"}, source="ttl")
+    st.add_prompts(job_id, [("a" * 32, {"record": {"id": 1}, "line": 1}),
+                            ("b" * 32, {"record": {"id": 2}, "line": 2})])
+    parts = ("meta", "prompts")
+    for part in parts:  # the job was submitted long ago: little of its TTL is left
+        st.r.expire(st._k(job_id, part), 10)
+    st.store_result(job_id, "a" * 32, {"record": {"ok": True}, "dpo": None})
+    assert all(st.r.ttl(st._k(job_id, p)) > 10 for p in parts)
+    for part in parts:
+        st.r.expire(st._k(job_id, part), 10)
+    st.store_error(job_id, "b" * 32, {"record": {"ok": False}})
+    assert all(st.r.ttl(st._k(job_id, p)) > 10 for p in parts)

@@ -9,7 +9,8 @@ BEACON_RESULT_BACKEND          Celery result backend (the broker URL when it is 
                                ``redis://127.0.0.1:6379/0``)
 BEACON_STATE_URL               Redis holding job state and results (the result backend when it
                                is Redis, else the broker when it is Redis)
-BEACON_KEY_PREFIX              prefix of every job-state key (``beacon``)
+BEACON_KEY_PREFIX              prefix of every job-state key (``beacon``); submitters put theirs
+                               in each task message, and a worker works on the job under it
 BEACON_QUEUE                   queue the prompt tasks go to (``beacon``)
 BEACON_ALLOWED_FACTORIES       comma-separated module prefixes workers may import, on top of
                                ``beacon.demo`` (none)
@@ -19,6 +20,9 @@ BEACON_TIME_LIMIT              hard kill of a stuck task, seconds (soft + 60)
 BEACON_VISIBILITY_TIMEOUT      seconds before Redis redelivers an unacknowledged task; must
                                exceed the hard limit plus the longest retry backoff (hard + 300)
 BEACON_TASK_MAX_RETRIES        task-level retries of transient errors (5)
+BEACON_MAX_LOST_RUNS           runs of a prompt that may be cut off by the death of their worker
+                               process (killed, out of memory, a crash, BEACON_TIME_LIMIT)
+                               before the prompt is failed instead of run again; 0: no limit (3)
 BEACON_RETRY_BACKOFF_MAX       cap of the task retry backoff, seconds (120)
 BEACON_JOB_TTL                 seconds job state is kept in Redis after the last write (7 days)
 BEACON_ENGINE_CONCURRENCY      concurrent model/scorer calls per worker process (64)
@@ -78,6 +82,7 @@ class WorkerSettings:
     time_limit: float = 660.0
     visibility_timeout: float = 960.0
     task_max_retries: int = 5
+    max_lost_runs: int = 3
     retry_backoff_max: float = 120.0
     job_ttl: int = 7 * 24 * 3600
     engine_concurrency: int = 64
@@ -134,6 +139,7 @@ class WorkerSettings:
             time_limit=hard,
             visibility_timeout=vis,
             task_max_retries=_num(e, "BEACON_TASK_MAX_RETRIES", 5, integer=True),
+            max_lost_runs=_num(e, "BEACON_MAX_LOST_RUNS", 3, integer=True),
             retry_backoff_max=backoff_max,
             job_ttl=_num(e, "BEACON_JOB_TTL", 7 * 24 * 3600, integer=True, minimum=60),
             engine_concurrency=_num(e, "BEACON_ENGINE_CONCURRENCY", 64, integer=True,

@@ -135,7 +135,8 @@ def requeue_lost_jobs(
     Jobs that are unknown (expired, purged) are left out of the result.
     """
     out: dict[str, RequeueResult] = {}
-    checked: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {}  # job -> (queue, pending)
+    # job -> (its latest queue, every queue it was sent to, pending prompts)
+    checked: dict[str, tuple[str, set[str], dict[str, dict[str, Any]]]] = {}
     now = time.time()
     for job_id in job_ids:
         try:
@@ -152,7 +153,8 @@ def requeue_lost_jobs(
         elif age < grace:
             out[job_id] = RequeueResult(job_id, len(pending), 0, f"messages sent {age:.0f} s ago")
         else:
-            checked[job_id] = (queue, pending)
+            # A job submitted again to another queue may still have messages in the first.
+            checked[job_id] = (queue, store.sent_queues(meta), pending)
     if not checked:
         return out
     if not is_redis_url(broker_url):
@@ -160,7 +162,7 @@ def requeue_lost_jobs(
             f"broker {broker_url.split('@')[-1]!r} is not Redis: lost messages can only be "
             "found on a Redis broker (AMQP brokers redeliver unacknowledged messages "
             "themselves); use force to resend every pending prompt")
-    queues = sorted({q for q, _ in checked.values()})
+    queues = sorted(set().union(*(qs for _, qs, _ in checked.values())))
     r = redis.Redis.from_url(broker_url)
     try:
         # Twice, ``settle`` apart: a message moving between a queue and ``unacked`` is in
@@ -170,7 +172,7 @@ def requeue_lost_jobs(
         second = broker_keys(r, queues)
     finally:
         r.close()
-    for job_id, (queue, pending) in checked.items():
+    for job_id, (queue, _, pending) in checked.items():
         seen = first.get(job_id, set()) | second.get(job_id, set())
         still = dict(store.unfinished(job_id))
         lost = sorted((k, p) for k, p in still.items() if k in pending and k not in seen)

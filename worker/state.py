@@ -4,12 +4,20 @@ Keys (``P`` = ``BEACON_KEY_PREFIX``, ``J`` = job id), all expiring ``BEACON_JOB_
 last write:
 
 * ``P:job:J:meta``    hash: ``spec`` (JSON), ``total``, ``source``, ``created``, ``queue`` (where
-  its tasks go), ``sent`` (when tasks were last sent; see :mod:`worker.recovery`)
-* ``P:job:J:prompts`` hash: prompt key -> ``{"record": ..., "line": n}`` (what to resubmit)
+  its tasks go), ``queue:Q`` for every queue its tasks were ever sent to (a job submitted again
+  to another queue may still have messages waiting in the first), ``sent`` (when tasks were
+  last sent; see :mod:`worker.recovery`)
+* ``P:job:J:prompts`` hash: prompt key -> ``{"record": ..., "line": n, "spec": ref}`` (what to
+  resubmit, and the reference of the spec it was submitted with)
 * ``P:job:J:results`` hash: prompt key -> ``{"record": output line, "dpo": DPO line | null}``
 * ``P:job:J:errors``  hash: prompt key -> ``{"record": error line}`` (failed prompts, bad lines)
+* ``P:job:J:runs``    hash: prompt key -> runs of it started and not ended; what is left above
+  zero counts runs cut off by the death of their worker process (``BEACON_MAX_LOST_RUNS``)
 * ``P:jobs``          set of job ids that may still have pending prompts (what the lost-message
   sweeper of :mod:`worker.recovery` visits; a job leaves it once finished)
+* ``P:store-id``      a random id naming this state store (never expires): submitters put it,
+  with ``P``, in the headers of each task message, and a worker checks it against the store it
+  is configured with before it touches the job (:mod:`worker.tasks`)
 
 Writes are idempotent: a result is stored with ``HSETNX`` (the first delivery wins; a redelivered
 or retried task finds it and does nothing) and removes the key from ``errors`` in the same Lua
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,18 +42,25 @@ import redis
 __all__ = ["CollectResult", "JobStatus", "JobStore", "UnknownJobError", "collect_job",
            "purge_refusal"]
 
+# KEYS: results, errors, meta, prompts. A stored outcome is a write to the job: the whole job
+# is kept BEACON_JOB_TTL after it (EXPIRE of a key that is gone, e.g. purged, does nothing).
 _STORE_RESULT = """
 local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if added == 1 then redis.call('HDEL', KEYS[2], ARGV[1]) end
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
 return added
+"""
+
+_END_RUN = """
+local n = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return n
 """
 
 _STORE_ERROR = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
 return 1
 """
 
@@ -91,8 +107,10 @@ class JobStore:
         self.prefix = prefix
         self.ttl = int(ttl)
         self.r: Any = client if client is not None else redis.Redis.from_url(url)
+        self._id: str | None = None
         self._store_result = self.r.register_script(_STORE_RESULT)
         self._store_error = self.r.register_script(_STORE_ERROR)
+        self._end_run = self.r.register_script(_END_RUN)
 
     @classmethod
     def from_settings(cls, settings: Any) -> JobStore:
@@ -132,6 +150,19 @@ class JobStore:
         pipe.execute()
         return ref
 
+    def store_id(self, *, create: bool = True, fresh: bool = False) -> str | None:
+        """The random id this store keeps under ``P:store-id``, created on first use unless
+        ``create`` is False (then None while there is none). Read once per instance unless
+        ``fresh``. Two :class:`JobStore` objects with the same id work on the same Redis
+        database, whatever the URLs they were given."""
+        if self._id is None or fresh:
+            k = f"{self.prefix}:store-id"
+            if create:
+                self.r.set(k, uuid.uuid4().hex, nx=True)
+            raw = self.r.get(k)
+            self._id = raw.decode() if raw is not None else None
+        return self._id
+
     @property
     def _jobs_key(self) -> str:
         return f"{self.prefix}:jobs"
@@ -147,10 +178,20 @@ class JobStore:
         """Record that tasks of the job were just sent to ``queue``."""
         meta = self._k(job_id, "meta")
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(meta, mapping={"queue": queue, "sent": repr(time.time())})
+        pipe.hset(meta, mapping={"queue": queue, f"queue:{queue}": "1",
+                                 "sent": repr(time.time())})
         pipe.expire(meta, self.ttl)
         pipe.sadd(self._jobs_key, job_id)
         pipe.execute()
+
+    @staticmethod
+    def sent_queues(meta: dict[str, str]) -> set[str]:
+        """Every queue a job's tasks were sent to, from its :meth:`meta` (jobs registered before
+        ``queue:Q`` was recorded name only their latest queue)."""
+        out = {k[len("queue:"):] for k in meta if k.startswith("queue:")}
+        if meta.get("queue"):
+            out.add(meta["queue"])
+        return out
 
     def active_jobs(self) -> list[str]:
         """Ids of jobs that may still have pending prompts."""
@@ -195,16 +236,38 @@ class JobStore:
     def store_result(self, job_id: str, key: str, payload: dict[str, Any]) -> bool:
         """Store a finished prompt; False if a result for ``key`` was already there."""
         return bool(self._store_result(
-            keys=[self._k(job_id, "results"), self._k(job_id, "errors")],
+            keys=[self._k(job_id, p) for p in ("results", "errors", "meta", "prompts")],
             args=[key, json.dumps(payload, allow_nan=False), self.ttl],
         ))
 
     def store_error(self, job_id: str, key: str, payload: dict[str, Any]) -> bool:
         """Record a failed prompt unless it already has a result; True if recorded."""
         return bool(self._store_error(
-            keys=[self._k(job_id, "results"), self._k(job_id, "errors")],
+            keys=[self._k(job_id, p) for p in ("results", "errors", "meta", "prompts")],
             args=[key, json.dumps(payload, allow_nan=False), self.ttl],
         ))
+
+    def reopen(self, job_id: str, keys: list[str]) -> int:
+        """Forget the errors of ``keys`` (failed prompts about to be sent again): they are
+        pending until their retry stores an outcome. Returns how many errors were removed."""
+        return int(self.r.hdel(self._k(job_id, "errors"), *keys)) if keys else 0
+
+    def start_run(self, job_id: str, key: str) -> int:
+        """Count a run of ``key`` starting; returns the runs of it started and not ended
+        (:meth:`end_run`), this one included: the others died with their worker process (or
+        are running right now, on a duplicate delivery)."""
+        k = self._k(job_id, "runs")
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hincrby(k, key, 1)
+        pipe.expire(k, self.ttl)
+        return int(pipe.execute()[0])
+
+    def end_run(self, job_id: str, key: str, *, forget: bool = False) -> None:
+        """A run of ``key`` ended (``forget``: and the count of its lost runs starts again)."""
+        if forget:
+            self.r.hdel(self._k(job_id, "runs"), key)
+        else:
+            self._end_run(keys=[self._k(job_id, "runs")], args=[key])
 
     def status(self, job_id: str) -> JobStatus:
         meta_key = self._k(job_id, "meta")
@@ -272,7 +335,8 @@ class JobStore:
     def purge(self, job_id: str) -> int:
         self.retire(job_id)
         return int(self.r.delete(*(self._k(job_id, p)
-                                   for p in ("meta", "prompts", "results", "errors"))))
+                                   for p in ("meta", "prompts", "results", "errors",
+                                             "runs"))))
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,21 @@ Time limits. The engine gets a deadline of ``BEACON_SOFT_TIME_LIMIT`` seconds
 result (best so far) is stored like any other. Celery's own soft limit fires a grace period later
 as a backstop; the task then cancels the query and stores the best sample seen by its observer.
 
-Retries. Transient infrastructure errors (Redis or network down while storing) retry the task
-with exponential backoff and jitter (``retry_backoff``, ``retry_jitter``); model and scorer
-errors are retried per call inside the engine and never fail the task.
+Where the job lives. Each message carries, in its headers, the key prefix of the submitter's state
+store (``beacon_prefix``) and that store's id (``beacon_store``, :meth:`JobStore.store_id`). A
+worker reads and writes the job under the message's prefix, whatever its own
+``BEACON_KEY_PREFIX`` (it logs a warning naming both once per process): the submitter reads the
+outcome there. A worker whose state store is not the submitter's (its ``P:store-id`` differs)
+cannot store the outcome where the submitter looks: it logs an error naming both prefixes and
+stores, waits a few seconds and rejects the message *with* requeue, so a correctly configured
+worker runs it; nothing is run, stored or acknowledged. Messages without these headers (older
+submitters) use the worker's own settings, as before.
+
+Retries. Storing a computed outcome is retried in the task itself for up to
+``SAVE_PATIENCE`` seconds (a retry of the task would run the prompt, and pay for it, again).
+Other transient infrastructure errors (Redis or network down), and a store that still fails,
+retry the task with exponential backoff and jitter (``retry_backoff``, ``retry_jitter``); model
+and scorer errors are retried per call inside the engine and never fail the task.
 """
 
 from __future__ import annotations
@@ -35,16 +47,18 @@ import logging
 import math
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import redis
 from celery import group, signals
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from beacon._checks import boolean, positive_int
+from beacon.errors import ConfigError
 from beacon.events import BeaconEvent, SampleEvent
 from beacon.jobs.dpo import dpo_record
 from beacon.jobs.execute import (
@@ -69,8 +83,8 @@ from worker.app import app, settings
 from worker.config import is_redis_url
 from worker.state import JobStore, UnknownJobError
 
-__all__ = ["BrokerUnavailableError", "SubmitResult", "get_loop", "resend", "run_prompt",
-           "submit_job"]
+__all__ = ["BrokerUnavailableError", "ForeignStoreError", "LostRunsError", "MessageHeaderError",
+           "SubmitResult", "get_loop", "resend", "run_prompt", "submit_job"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -131,6 +145,102 @@ def get_store() -> JobStore:
         if _store is None:
             _store = JobStore.from_settings(settings)
         return _store
+
+
+# -- where a message's job lives ------------------------------------------------------------------
+HEADER_PREFIX = "beacon_prefix"  # the submitter's BEACON_KEY_PREFIX
+HEADER_STORE = "beacon_store"  # the submitter's state store id (JobStore.store_id)
+
+
+class MessageHeaderError(ConfigError):
+    """A task message header that is not what a BEACON submitter writes (``field`` names the
+    header, ``value`` is its value). The message is failed and acknowledged."""
+
+
+class LostRunsError(ConfigError):
+    """A prompt whose runs died with their worker process ``value`` times (``field`` is
+    ``BEACON_MAX_LOST_RUNS``): it is failed instead of being run, and paid for, again."""
+
+
+class ForeignStoreError(ConfigError):
+    """This worker's state store is not the one the message's job lives in (``field`` is
+    ``BEACON_STATE_URL``, ``value`` the worker's URL without credentials). The message is
+    refused without being acknowledged, for a correctly configured worker to take."""
+
+
+_prefixed: dict[str, JobStore] = {}
+_warned_prefixes: set[str] = set()
+
+
+def _url_label(url: str) -> str:
+    return url.split("@")[-1]  # no credentials in messages
+
+
+def _headers(request: Any) -> dict[str, Any]:
+    """The BEACON headers of the message being run (empty for older submitters)."""
+    custom = getattr(request, "headers", None)
+    h = dict(custom) if isinstance(custom, Mapping) else {}
+    for name in (HEADER_PREFIX, HEADER_STORE):
+        if name not in h and getattr(request, name, None) is not None:
+            h[name] = getattr(request, name)
+    return h
+
+
+def _store_for_message(job_id: str, headers: Mapping[str, Any]) -> JobStore:
+    """The store holding the message's job: the worker's state store under the message's key
+    prefix. Raises :class:`ForeignStoreError` when the message names another state store,
+    :class:`MessageHeaderError` for a malformed header."""
+    base = get_store()
+    prefix = headers.get(HEADER_PREFIX)
+    if prefix is None:  # an older submitter: the worker's own settings, as before
+        return base
+    if not isinstance(prefix, str) or not prefix or any(c.isspace() for c in prefix):
+        raise MessageHeaderError(HEADER_PREFIX, prefix,
+                                 "must be a non-empty key prefix without spaces")
+    want = headers.get(HEADER_STORE)
+    if want is not None and not (isinstance(want, str) and want):
+        raise MessageHeaderError(HEADER_STORE, want, "must be a non-empty store id")
+    if prefix == base.prefix:
+        st = base
+    else:
+        with _lock:
+            if prefix not in _prefixed:
+                _prefixed[prefix] = JobStore(base.url, prefix=prefix, ttl=base.ttl,
+                                             client=base.r)
+            st = _prefixed[prefix]
+    # The id read first is cached; a mismatch is read again (the store may have a new one).
+    if want is not None and want not in (st.store_id(create=False),
+                                         st.store_id(create=False, fresh=True)):
+        raise ForeignStoreError(
+            "BEACON_STATE_URL", _url_label(base.url),
+            f"job {job_id!r} lives in the submitter's state store (BEACON_KEY_PREFIX="
+            f"{prefix!r}, store id {want}), not in this worker's (BEACON_KEY_PREFIX="
+            f"{base.prefix!r}, store id {st.store_id(create=False) or 'none'}): start this worker "
+            "with the submitter's BEACON_STATE_URL (or, if this store was wiped since the job "
+            "was submitted, purge the queue: the job is gone)")
+    if prefix != base.prefix and prefix not in _warned_prefixes:
+        _warned_prefixes.add(prefix)
+        log.warning("job %s was submitted with BEACON_KEY_PREFIX=%r but this worker has "
+                    "BEACON_KEY_PREFIX=%r: it works on the job under the submitter's prefix "
+                    "(same state store), but its lost-message sweeper only watches jobs of "
+                    "%r; give it the submitters' prefix", job_id, prefix, base.prefix,
+                    base.prefix)
+    return st
+
+
+def _refusal_delay() -> float:
+    """Seconds a refused message is held before it goes back to the queue: long enough that
+    a lone misconfigured worker does not spin on it, short enough for the time limits."""
+    return min(10.0, max(1.0, settings.retry_backoff_max), settings.soft_time_limit / 2)
+
+
+def _refuse(job_id: str, key: str, exc: ForeignStoreError) -> NoReturn:
+    delay = _refusal_delay()
+    log.error("refused prompt %s of job %s: %s. The message goes back to the queue "
+              "unacknowledged (after %g s) for a correctly configured worker; nothing was "
+              "run or stored", key, job_id, exc, delay)
+    time.sleep(delay)
+    raise Reject(str(exc), requeue=True)
 
 
 _prep_lock = threading.Lock()
@@ -195,6 +305,7 @@ def _init_process(**_: Any) -> None:
     global _store, _cache
     _store, _cache = None, None
     _executors.clear()
+    _prefixed.clear()
     get_loop()
     if os.environ.get("BEACON_WARMUP", "1") != "0":
         # In a thread: the pool waits only a few seconds for a new child to report "up".
@@ -220,7 +331,7 @@ def _shutdown_process(**_: Any) -> None:
 _specs: OrderedDict[str, JobSpec] = OrderedDict()
 
 
-def _job_spec(job_id: str, spec: str | dict[str, Any]) -> JobSpec:
+def _job_spec(job_id: str, spec: str | dict[str, Any], store: JobStore) -> JobSpec:
     """The job spec a message names: a reference (fetched from the store once per process and
     checked against its hash) or, from older submitters, the spec itself."""
     k = spec if isinstance(spec, str) else canonical_json(spec)
@@ -229,7 +340,7 @@ def _job_spec(job_id: str, spec: str | dict[str, Any]) -> JobSpec:
         if job is not None:
             _specs.move_to_end(k)
             return job
-    data = get_store().spec(job_id, spec) if isinstance(spec, str) else spec
+    data = store.spec(job_id, spec) if isinstance(spec, str) else spec
     job = JobSpec.from_dict(data)
     with _lock:
         _specs[k] = job
@@ -287,14 +398,18 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
     """Run BEACON on one prompt of job ``job_id`` and store the outcome under ``key``.
 
     Returns ``"ok"``, ``"failed"`` (an error record was stored) or ``"duplicate"`` (a result
-    already existed; nothing was run).
+    already existed; nothing was run). A message whose job lives in another state store is
+    rejected with requeue (:class:`ForeignStoreError`, see the module docstring).
     """
-    store = get_store()
+    try:
+        store = _store_for_message(job_id, _headers(self.request))
+    except ForeignStoreError as exc:
+        _refuse(job_id, key, exc)
     if store.has_result(job_id, key):
         return "duplicate"
     rec: PromptRecord | None = None
     try:
-        job = _job_spec(job_id, spec)
+        job = _job_spec(job_id, spec, store)
         rec = PromptRecord.from_dict(record, line=line)
         if prompt_key(rec, job) != key:
             raise JobInputError("key", key, "does not match the prompt and job spec (the "
@@ -302,6 +417,30 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
     except (JobInputError, ValueError, TypeError) as exc:
         store.store_error(job_id, key, {"record": error_record(key, rec, exc, line=line)})
         return "failed"
+    # A run cut off by the death of its process (SIGKILL, out of memory, a crash, the hard
+    # time limit) never reaches the ``finally`` below: its count stays. Celery redelivers such
+    # a message at once (task_reject_on_worker_lost) and the sweeper resends one acknowledged
+    # by the hard limit, so without a bound a prompt that kills its worker runs forever.
+    lost = store.start_run(job_id, key) - 1
+    if settings.max_lost_runs and lost >= settings.max_lost_runs:
+        why = LostRunsError(
+            "BEACON_MAX_LOST_RUNS", settings.max_lost_runs,
+            f"the worker process running this prompt died {lost} time(s) before it finished "
+            f"(killed, out of memory, a crash, or over BEACON_TIME_LIMIT="
+            f"{settings.time_limit:g} s); not run again: fix the cause, then submit with "
+            "--retry-failed")
+        log.error("prompt %r of job %s: %s", rec.id, job_id, why)
+        store.store_error(job_id, key, {"record": error_record(key, rec, why)})
+        store.end_run(job_id, key, forget=True)  # a --retry-failed starts a fresh count
+        return "failed"
+    try:
+        return _run(store, job_id, key, rec, job)
+    finally:
+        with contextlib.suppress(*TRANSIENT_ERRORS):  # a lost decrement costs one count
+            store.end_run(job_id, key)
+
+
+def _run(store: JobStore, job_id: str, key: str, rec: PromptRecord, job: JobSpec) -> str:
     events: list[BeaconEvent] = []
     fut: concurrent.futures.Future[Outcome] | None = None
     try:
@@ -326,29 +465,62 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
         # so record it, or the prompt would stay "pending" forever.
         log.exception("prompt %r of job %s failed", rec.id, job_id)
         outcome = Outcome(key, error_record(key, rec, exc), None)
-    if outcome.ok:
-        store.store_result(job_id, key, outcome.to_payload())
-        return "ok"
-    store.store_error(job_id, key, outcome.to_payload())
-    return "failed"
+    return _save(store, job_id, key, outcome)
+
+
+SAVE_PATIENCE = 30.0  # seconds storing a computed outcome is retried in the task itself
+
+
+def _save(store: JobStore, job_id: str, key: str, outcome: Outcome) -> str:
+    """Store a computed outcome, retrying transient errors here for up to ``SAVE_PATIENCE``
+    seconds: a retry of the task would run the prompt, and pay for it, again."""
+    deadline = time.monotonic() + SAVE_PATIENCE
+    delay = 0.5
+    while True:
+        try:
+            if outcome.ok:
+                store.store_result(job_id, key, outcome.to_payload())
+                return "ok"
+            store.store_error(job_id, key, outcome.to_payload())
+            return "failed"
+        except TRANSIENT_ERRORS as exc:
+            if time.monotonic() + delay > deadline:
+                raise  # the task is retried (autoretry): the prompt runs again
+            log.warning("storing prompt %s of job %s failed (%s); trying again in %g s", key,
+                        job_id, exc, delay)
+            time.sleep(delay)
+            delay = min(2 * delay, 8.0)
 
 
 def _send_tasks(st: JobStore, job_id: str, spec_ref: str, queue: str,
                 tasks: list[tuple[str, dict[str, Any], int | None]]) -> None:
     """Send one ``run_prompt`` task per ``(key, record, line)`` to ``queue`` (groups of 500)
     and stamp the job's send time (what the lost-message sweeper's grace period reads)."""
+    # Read each time (two round trips per chunk): a store wiped since gets a new id.
+    headers = {HEADER_PREFIX: st.prefix, HEADER_STORE: st.store_id(fresh=True)}
     for i in range(0, len(tasks), 500):
-        group(run_prompt.s(job_id, k, r, ln, spec_ref).set(queue=queue)
+        group(run_prompt.s(job_id, k, r, ln, spec_ref).set(queue=queue, headers=headers)
               for k, r, ln in tasks[i:i + 500]).apply_async()
     st.mark_sent(job_id, queue)
 
 
 def resend(job_id: str, items: list[tuple[str, dict[str, Any]]], queue: str,
            *, store: JobStore | None = None) -> None:
-    """Send the tasks of registered prompts (``(key, {"record", "line"})``) again."""
+    """Send the tasks of registered prompts (``(key, {"record", "line", "spec"})``) again,
+    each with the spec it was registered with (a job id submitted again with another spec
+    holds prompts of both); prompts registered without one get the job's latest spec."""
     st = store or get_store()
-    _send_tasks(st, job_id, st.spec_ref(st.spec(job_id)), queue,
-                [(k, p["record"], p.get("line")) for k, p in items])
+    by_ref: dict[str, list[tuple[str, dict[str, Any], int | None]]] = {}
+    latest: list[str] = []
+    for k, p in items:
+        ref = p.get("spec")
+        if not isinstance(ref, str):
+            if not latest:
+                latest.append(st.spec_ref(st.spec(job_id)))
+            ref = latest[0]
+        by_ref.setdefault(ref, []).append((k, p["record"], p.get("line")))
+    for ref, tasks in by_ref.items():
+        _send_tasks(st, job_id, ref, queue, tasks)
 
 
 _sweeper: Any = None
@@ -480,9 +652,10 @@ def submit_job(
     """Register the prompts of a job and send one task per prompt (groups of ``chunk``).
 
     Submitting the same job again (same ``job_id``, or the same spec and ``input_digest``)
-    sends only prompts without an outcome yet (and failed ones when ``retry_failed``): use it to
-    resume after a broker was lost. On a Redis broker, prompts whose task is still queued or
-    running are not sent again (``queued``). Bad input lines are stored as errors right away.
+    sends only prompts without an outcome yet (and failed ones when ``retry_failed``; they are
+    pending again until their retry ends): use it to resume after a broker was lost. On a
+    Redis broker, prompts whose task is still queued or running, in any queue the job was sent
+    to, are not sent again (``queued``). Bad input lines are stored as errors right away.
     Raises :class:`BrokerUnavailableError` when the broker cannot be reached (checked before
     the job is registered).
     """
@@ -498,10 +671,10 @@ def submit_job(
     # (the workers' sweeper would otherwise send a job its submitter was told had failed).
     _check_broker()
     try:
-        prior_queue = st.meta(job_id).get("queue", "")
+        prior_queues = st.sent_queues(st.meta(job_id))
         resubmitted = True
     except UnknownJobError:
-        prior_queue, resubmitted = "", False
+        prior_queues, resubmitted = set(), False
     # A job submitted again while it runs: its prompts still queued or running are not sent a
     # second time (each would be paid for twice); only lost or unsent ones are. The broker's
     # queue is read (every message in it) only once a prompt is about to be sent.
@@ -509,7 +682,7 @@ def submit_job(
 
     def in_broker() -> set[str]:
         if not scanned:
-            scanned.append(_queued_keys(st, job_id, {target, prior_queue} - {""})
+            scanned.append(_queued_keys(st, job_id, {target, *prior_queues} - {""})
                            if resubmitted else set())
         return scanned[0]
     spec_ref = st.create(job_id, spec.to_dict(), source=source)
@@ -523,7 +696,8 @@ def submit_job(
         # Stamped before registering too: the lost-message sweeper leaves alone a job whose
         # prompts are registered but whose messages are still being sent (worker.recovery).
         st.mark_sent(job_id, target)
-        st.add_prompts(job_id, [(k, {"record": r, "line": ln}) for k, r, ln in batch])
+        st.add_prompts(job_id, [(k, {"record": r, "line": ln, "spec": spec_ref})
+                                for k, r, ln in batch])
         flags = st.outcome_flags(job_id, [k for k, _, _ in batch])
         todo = [(item, has_err) for item, (has_res, has_err) in zip(batch, flags, strict=True)
                 if not (has_res or (has_err and not retry_failed))]
@@ -535,6 +709,11 @@ def submit_job(
         if fresh:
             from kombu.exceptions import OperationalError
 
+            # Failed prompts sent again are pending until their retry stores an outcome (or
+            # the job would read as finished while they run: --wait, the sweeper and
+            # collect --purge would not wait for them). Before sending: a fast retry's own
+            # error must not be the one removed.
+            st.reopen(job_id, [item[0] for item, has_err in todo if has_err])
             try:
                 _send_tasks(st, job_id, spec_ref, target, fresh)
             except OperationalError as exc:
