@@ -1153,3 +1153,15 @@ def test_demo_verifier_reads_boxed_answers_with_braces() -> None:
         return [await again("half of one?") for _ in range(40)]
 
     assert asyncio.run(redo()) == texts
+
+
+def test_a_one_prompt_log_is_counted_in_the_singular(tmp_path: Path) -> None:
+    log = tmp_path / "one.jsonl"
+    log.write_text('{"id": "a", "rewards": [1, 2, 3, 4, 5]}\n')
+    for args in (("tune", log, "--prior", "default"), ("replay", log, "--cost", "0.1")):
+        code, out, _ = run(*args)
+        assert code == 0
+        header = out.splitlines()[0]
+        assert "one.jsonl: 1 prompt" in header and "1 prompts" not in out, header
+    code, out, _ = run("replay", WRITING, "--cost", "0.1")
+    assert code == 0 and "100 prompts, horizon" in out

@@ -123,6 +123,11 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_FAILURE)
 
 
+def count_noun(n: int, noun: str) -> str:
+    """``1 prompt``, ``2 prompts`` (English plural by ``s``)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def usage_error(message: str, option: str | None = None) -> NoReturn:
     """Report a command-line mistake through click (usage line, exit :data:`EXIT_USAGE`)."""
     raise typer.BadParameter(message, param_hint=f"'{option}'" if option else None)

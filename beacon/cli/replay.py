@@ -20,6 +20,7 @@ from beacon.cli.common import (
     PriorOpt,
     RobustOpt,
     TransformOpt,
+    count_noun,
     echo_json,
     fmt,
     guarded,
@@ -181,7 +182,7 @@ def summary_lines(ev: Evaluation) -> list[str]:
 def run_replay(
     data: LoggedRewards, cfg: BeaconConfig, crossfit: CrossFit | None = None
 ) -> Evaluation:
-    with spinner(f"replaying {data.n_prompts} prompts"):
+    with spinner(f"replaying {count_noun(data.n_prompts, 'prompt')}"):
         return evaluate(data, cfg, crossfit)
 
 
@@ -229,7 +230,7 @@ def replay_command(
         return
     print_notes(notes)
     title = (
-        f"{logged.name}: {ev.n_prompts} prompts, horizon {ev.horizon}; "
+        f"{logged.name}: {count_noun(ev.n_prompts, 'prompt')}, horizon {ev.horizon}; "
         f"{describe_setup(ev.config, setup.crossfit)}"
     )
     out_console.print(replay_table(ev, title))

@@ -28,6 +28,7 @@ from beacon.cli.common import (
     RobustOpt,
     TransformOpt,
     check_output_file,
+    count_noun,
     echo_json,
     fmt,
     guarded,
@@ -818,7 +819,7 @@ def tune_command(
     base_total = 0 if baseline_cfg is None else 2 * points
     total = points * (2 if costs is None else 1) + base_total
     baseline: TuneResult | None = None
-    with progress_bar(f"sweeping c on {data.n_prompts} prompts", total) as update:
+    with progress_bar(f"sweeping c on {count_noun(data.n_prompts, 'prompt')}", total) as update:
         if baseline_cfg is not None:
             baseline = tune(
                 data,
@@ -846,7 +847,7 @@ def tune_command(
     notes += horizon_note(res.requested_horizon, res.config, data.for_family(family))
     notes += _judge_hint(data, res, family)
     title = (
-        f"BEACON vs best-of-N: {logged.name} ({res.n_prompts} prompts, "
+        f"BEACON vs best-of-N: {logged.name} ({count_noun(res.n_prompts, 'prompt')}, "
         f"horizon {res.config.horizon})"
     )
     subtitle = describe_setup(res.config, cf)
@@ -877,7 +878,8 @@ def tune_command(
         echo_json(out)
         return
     print_notes(notes)
-    out_console.print(f"{logged.name}: {res.n_prompts} prompts; {subtitle}", markup=False)
+    out_console.print(f"{logged.name}: {count_noun(res.n_prompts, 'prompt')}; {subtitle}",
+                      markup=False)
     out_console.print(sweep_table(res))
     if baseline is not None:
         out_console.print(variants_table([baseline, res]))
