@@ -54,7 +54,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
     def target() -> None:
         try:
-            box["value"] = ctx.run(asyncio.run, main())
+            box["value"] = ctx.run(_run_private, main())
         except BaseException as exc:  # re-raised in the caller's thread
             box["error"] = exc
         finally:
@@ -80,6 +80,22 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         raise box["error"]
     result: T = box["value"]
     return result
+
+
+def _run_private(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)`` on a new loop, closed after, even where ``asyncio.run`` is patched.
+
+    ``nest_asyncio.apply()`` (common in Jupyter) replaces ``asyncio.run`` by one that runs on
+    the thread's event loop and never closes it: in the worker thread, each call would leave
+    a new open loop behind (its selector and self-pipe sockets, and the sampler's per-loop
+    state). ``asyncio.Runner`` is what the unpatched ``asyncio.run`` uses.
+    """
+    with asyncio.Runner() as runner:
+        return runner.run(coro)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
@@ -109,6 +125,11 @@ async def call_in_thread(fn: Callable[..., T], /, *args: Any) -> T:
         error: BaseException | None = None
         try:
             value = ctx.run(fn, *args)
+        except StopIteration as exc:
+            # A future refuses StopIteration (it would never be settled and the call would
+            # hang): a RuntimeError, as a coroutine raising it gets.
+            error = RuntimeError(f"{_name(fn)} raised StopIteration")
+            error.__cause__ = exc
         except BaseException as exc:  # handed to the awaiting coroutine
             error = exc
         # RuntimeError: the loop has closed since, nobody is waiting any more

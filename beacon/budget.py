@@ -91,10 +91,16 @@ class Budget:
         ) * self.price_per_output_token
 
     def exceeded(self, tokens: int, cost: float | None) -> bool:
-        """Has a query that spent ``tokens`` and ``cost`` reached a token or money cap?"""
+        """Has a query that spent ``tokens`` and ``cost`` reached a token or money cap?
+
+        ``cost`` is a float sum, so a spend that reaches the cap exactly may fall a rounding
+        error short of it (0.1 eight times is 0.7999999999999999): within a relative 1e-9 of
+        the cap counts as reaching it.
+        """
         if self.max_tokens is not None and tokens >= self.max_tokens:
             return True
-        return self.max_cost is not None and cost is not None and cost >= self.max_cost
+        mc = self.max_cost
+        return mc is not None and cost is not None and cost >= mc * (1.0 - 1e-9)
 
     def unpriced_side(self, input_tokens: int | None, output_tokens: int | None) -> str | None:
         """The priced side (``"input"`` or ``"output"``) whose token count a response left out.

@@ -19,6 +19,7 @@ for a single ``arun``. Events never carry credentials.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -27,7 +28,9 @@ from typing import Any, TypeAlias
 
 from beacon.stopper import TraceRecord
 
-__all__ = ["BeaconEvent", "DecisionEvent", "Observer", "SampleEvent", "emit"]
+__all__ = [
+    "BeaconEvent", "DecisionEvent", "Observer", "ObserverCancelledError", "SampleEvent", "emit",
+]
 
 
 def _jf(v: float | None) -> float | None:
@@ -112,9 +115,33 @@ Observer: TypeAlias = Callable[[BeaconEvent], object]
 any return type is accepted (``log.write`` returning an int, ``list.append``, ``async def``)."""
 
 
+class ObserverCancelledError(RuntimeError):
+    """An observer raised ``asyncio.CancelledError`` without its query being cancelled.
+
+    An observer's error ends its query (``stop_reason="error"``); passed on as it is, this one
+    would look like the caller cancelling, ending ``arun`` or a whole ``arun_many`` instead.
+    """
+
+
 async def emit(observers: Sequence[Observer], event: BeaconEvent) -> None:
-    """Deliver ``event`` to each observer in order, awaiting async observers."""
+    """Deliver ``event`` to each observer in order, awaiting async observers.
+
+    A ``CancelledError`` raised by an observer while the calling task is not being cancelled
+    is an :class:`ObserverCancelledError`.
+    """
     for obs in observers:
-        out: Any = obs(event)
-        if inspect.isawaitable(out):
-            await out
+        try:
+            out: Any = obs(event)
+            if inspect.isawaitable(out):
+                await out
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling() > 0:
+                raise  # the query is being cancelled
+            raise ObserverCancelledError(
+                f"observer {_name(obs)} raised CancelledError without the query being cancelled"
+            ) from exc
+
+
+def _name(obs: Any) -> str:
+    return getattr(obs, "__qualname__", None) or type(obs).__name__

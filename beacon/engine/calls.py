@@ -31,10 +31,11 @@ T = TypeVar("T")
 class CallGuard:
     """The shared limits one kind of call (model or scorer) runs under.
 
-    ``semaphore`` is None (and ``timeout`` None) for synchronous callables run inline: they
-    never yield to the loop, so neither a slot nor a timeout can apply to them. ``acquire``,
-    when set, is awaited before every attempt takes its slot (a rate limiter's token: the wait
-    for it holds no slot and does not count toward the timeout).
+    ``semaphore`` None means no concurrency limit. ``timeout`` is None for a synchronous
+    scorer run inline: it never yields to the loop, so no timeout can apply to it (its slot,
+    uncontended, is taken without yielding; an awaitable it returns is awaited under that
+    slot). ``acquire``, when set, is awaited before every attempt takes its slot (a rate
+    limiter's token: the wait for it holds no slot and does not count toward the timeout).
     """
 
     semaphore: asyncio.Semaphore | None

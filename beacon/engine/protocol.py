@@ -170,8 +170,9 @@ def _int_or_none(v: Any) -> int | None:
 def _message_text(msg: Any) -> str:
     """A chat message's text; a reply that is only tool calls (empty text, ``tool_calls`` set,
     as an agent model's often is) is its calls as JSON, ``[{"name", "args"}, ...]``, so the
-    scorer judges the calls rather than an empty string."""
-    text = _content_text(msg.content)
+    scorer judges the calls rather than an empty string. No content (``None``: an OpenAI SDK
+    message that only calls tools) is no text, as for a LlamaIndex ``ChatResponse``."""
+    text = "" if msg.content is None else _content_text(msg.content)
     calls = getattr(msg, "tool_calls", None)
     if text.strip() or not calls or not isinstance(calls, list):
         return text
@@ -238,6 +239,7 @@ def make_generate(generate: Any, *, offload_sync: bool = False) -> GenerateFn:
             "generate", generate,
             "must be a callable, or have an async ainvoke/acomplete method",
         )
+    _not_a_generator("generate", generate, "its whole response (str or Generation)")
     if offload_sync and not _is_async_callable(generate):
         async def via_thread(prompt: Any) -> Generation:
             return coerce_generation(await _maybe_await(await call_in_thread(generate, prompt)))
@@ -251,11 +253,25 @@ def make_generate(generate: Any, *, offload_sync: bool = False) -> GenerateFn:
     return via_call
 
 
+def _not_a_generator(name: str, fn: Any, returns: str) -> None:
+    """A generator function (``yield``, async or not) as ``fn`` is a ConfigTypeError: its call
+    returns a generator, never an answer, so every sample would fail."""
+    inner = fn.fn if isinstance(fn, BatchScorer) else fn
+    for f in (inner, getattr(inner, "__call__", None)):  # noqa: B004 - instances too
+        if inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f):
+            raise ConfigTypeError(
+                name, fn,
+                f"is a generator function (it yields): it must return {returns}; "
+                "to stream, collect the chunks and return them joined",
+            )
+
+
 def is_inline_sync(fn: Any, *, offload_sync: bool = False) -> bool:
     """A synchronous callable the engine calls inline on the loop (not offloaded).
 
     Such a call cannot be interrupted by a timeout, and it never yields to the loop, so the
-    engine skips the timeout and the concurrency slot for it (the rate limiter still applies).
+    engine skips the timeout for it; its concurrency slot is taken without waiting unless a
+    rate limiter or an awaitable it returns holds the slots (the rate limiter still applies).
     """
     inner = fn.fn if isinstance(fn, BatchScorer) else fn
     return (
@@ -356,6 +372,7 @@ def make_score(
     """
     if not callable(score):
         raise ConfigTypeError("score", score, "must be a callable (prompt, response) -> reward")
+    _not_a_generator("score", score, "its reward(s)")
     batched = is_batched(score)
     thread = offload_sync and not _is_async_callable(score) and not (
         isinstance(score, BatchScorer) and _is_async_callable(score.fn)

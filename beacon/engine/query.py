@@ -178,6 +178,13 @@ class QueryRun:
                         # Counted on completion, not in draw order, so that a slow earlier
                         # sample cannot delay the max_failures stop.
                         self._count_failure(cands[i])
+                # _sample turns every Exception into a failed sample: what is left is a
+                # BaseException of the callable (not KeyboardInterrupt or SystemExit, which
+                # asyncio raises from the loop itself). It propagates, as it does from a
+                # sample awaited directly (_single); every task's is retrieved.
+                errs = [e for t in done if (e := t.exception()) is not None]
+                if errs:
+                    raise errs[0]
                 if not self.ctx.batched:
                     while nxt < count and done_flags[nxt]:
                         observed[nxt] = True  # a candidate even if an observer raises
@@ -192,13 +199,21 @@ class QueryRun:
                 self._check_caps()
         except _StopQuery as sq:
             await self._cancel(pending, cands, done_flags)
-            for i, c in enumerate(cands):
-                if done_flags[i] and not observed[i]:
-                    if self.ctx.batched and not c.failed:
-                        self.usage.cancelled += 1  # generated, never scored: not charged
-                    else:
-                        await self._observe(c)
-                    observed[i] = True
+            try:
+                for i, c in enumerate(cands):
+                    if done_flags[i] and not observed[i]:
+                        observed[i] = True  # a candidate even if an observer raises
+                        if self.ctx.batched and not c.failed:
+                            self.usage.cancelled += 1  # generated, never scored: not charged
+                        else:
+                            await self._observe(c)
+            except BaseException:
+                # An observer raised: the finished samples not yet fed are not candidates
+                # either, but were started (len(candidates) + usage.cancelled stays exact).
+                self.usage.cancelled += sum(
+                    1 for i in range(count) if done_flags[i] and not observed[i]
+                )
+                raise
             return sq.reason
         except BaseException:
             await self._cancel(pending, cands, done_flags)
@@ -349,7 +364,10 @@ class QueryRun:
             for c in ok:
                 c.failed, c.error = True, _err(exc)
         except BaseException:
+            # The caller cancelled (or the call raised a BaseException): the scorer call
+            # must not outlive the query, so it is cancelled and waited for.
             call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
             raise
         finally:
             dt = time.perf_counter() - t0
@@ -364,6 +382,10 @@ class QueryRun:
             try:
                 st.observe(cand.reward)
             except RewardError as exc:
+                # The Stopper counts positions in rewards observed; the candidate's error
+                # names the sample (its draw index), as the engine's own reward checks do.
+                if type(exc) is RewardError and exc.position != cand.index:
+                    exc = RewardError(cand.index, exc.value, exc.reason)
                 cand.failed, cand.error = True, _err(exc)
         if cand.failed:
             cand.reward = None

@@ -423,6 +423,14 @@ class BeaconSampler:
         loop = asyncio.get_running_loop()
         ctx = self._per_loop.get(loop)
         if ctx is None:
+            # A semaphore that had to wait holds its loop, so a weak key alone would keep
+            # every finished run()'s loop (and context) alive: closed loops' entries go here.
+            try:
+                closed = [lp for lp in self._per_loop if lp.is_closed()]
+            except RuntimeError:  # another thread's run() added its loop meanwhile: next time
+                closed = []
+            for old in closed:
+                self._per_loop.pop(old, None)
             ctx = EngineContext(
                 cfg=self._cfg,
                 generate=self._generate,
@@ -433,8 +441,11 @@ class BeaconSampler:
                     asyncio.Semaphore(self.max_concurrency), self.rate_limiter, self.timeout,
                     self.retry, self._rng, self.before_model_call,
                 ),
+                # A slot even for an inline sync scorer: uncontended, taking it never yields,
+                # and a sync scorer that returns an awaitable (``lambda p, t: judge(p, t)``)
+                # is awaited under it, so max_score_concurrency bounds it too.
                 score_guard=CallGuard(
-                    None if self._score_inline else asyncio.Semaphore(self.max_score_concurrency),
+                    asyncio.Semaphore(self.max_score_concurrency),
                     self.rate_limiter, None if self._score_inline else self.timeout, self.retry,
                     self._rng,
                 ),
