@@ -455,3 +455,46 @@ def test_run_under_real_nest_asyncio_leaves_no_open_loop() -> None:
                          timeout=240, cwd=pathlib.Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
     assert "unclosed 0" in out.stdout, out.stdout + out.stderr
+
+
+async def test_a_batched_scorer_returning_awaitables_is_awaited_as_one_call() -> None:
+    # ``lambda p, ts: [judge(p, t) for t in ts]`` over an async judge returned coroutines:
+    # every sample failed ("invalid reward <coroutine>") and each was never awaited.
+    calls: list[str] = []
+
+    async def judge(prompt: Any, text: str) -> float:
+        calls.append(text)
+        mine = float(len(calls))
+        await asyncio.sleep(0)
+        return mine
+
+    async def gen(prompt: Any) -> str:
+        return f"t{len(calls)}"
+
+    cfg = beacon.BeaconConfig(cost=0.5, horizon=6, family="normal", batch_size=2)
+    res = await BeaconSampler(
+        gen, BatchScorer(lambda p, ts: [judge(p, t) for t in ts]), cfg
+    ).arun("q")
+    assert res.n_failed == 0 and res.n_samples >= 3
+    assert sorted(c.reward for c in res.candidates if c.reward is not None) == [
+        float(i) for i in range(1, res.n_samples + 1)
+    ]
+
+    # one awaitable failing fails that batch call, which is retried; none is left unawaited
+    state = {"n": 0}
+
+    async def flaky(prompt: Any, text: str) -> float:
+        state["n"] += 1
+        mine = state["n"]
+        await asyncio.sleep(0)
+        if mine == 2:
+            raise beacon.TransientError("judge overloaded")
+        return 0.5
+
+    from beacon.retry import RetryPolicy
+
+    res2 = await BeaconSampler(
+        gen, BatchScorer(lambda p, ts: [flaky(p, t) for t in ts]), cfg,
+        retry=RetryPolicy(max_attempts=3, base_delay=0.0, jitter=0.0),
+    ).arun("q")
+    assert res2.n_failed == 0 and res2.usage.retries >= 1

@@ -24,6 +24,7 @@ that is also a ``TypeError``, as the Stopper raises for a wrong ``cfg``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
@@ -360,6 +361,24 @@ def batch_rewards(out: Any, n: int) -> list[Any]:
     return vals
 
 
+async def _gather_rewards(vals: list[Any]) -> list[Any]:
+    """A batched scorer's list holding awaitables (``[judge(p, t) for t in texts]`` with an
+    async ``judge``), awaited together: the batch is one scorer call, so the first error of
+    any of them fails it (retried as the call), after all have finished (none is left
+    running or never awaited)."""
+    out = await asyncio.gather(
+        *(v if _awaitable(v) else _value(v) for v in vals), return_exceptions=True
+    )
+    for v in out:
+        if isinstance(v, BaseException):
+            raise v
+    return list(out)
+
+
+async def _value(v: Any) -> Any:
+    return v
+
+
 def make_score(
     score: Any, *, offload_sync: bool = False, late_timeout: float | None = None
 ) -> tuple[ScoreFn, bool]:
@@ -390,7 +409,10 @@ def make_score(
 
     if batched:
         async def batch_fn(prompt: Any, texts: list[str]) -> list[float]:
-            return batch_rewards(await call(prompt, texts), len(texts))
+            vals = batch_rewards(await call(prompt, texts), len(texts))
+            if any(_awaitable(v) for v in vals):
+                vals = await _gather_rewards(vals)
+            return vals
         return batch_fn, True
 
     if thread:
