@@ -498,3 +498,21 @@ async def test_a_batched_scorer_returning_awaitables_is_awaited_as_one_call() ->
         retry=RetryPolicy(max_attempts=3, base_delay=0.0, jitter=0.0),
     ).arun("q")
     assert res2.n_failed == 0 and res2.usage.retries >= 1
+
+
+async def test_an_exception_value_beside_awaitables_still_fails_only_its_sample() -> None:
+    async def judge(prompt: Any, text: str) -> float:
+        await asyncio.sleep(0)
+        return 1.0
+
+    async def gen(prompt: Any) -> str:
+        return "t"
+
+    def score(prompt: Any, texts: list[str]) -> list[Any]:
+        return [ValueError("unjudgeable"), *(judge(prompt, t) for t in texts[1:])]
+
+    cfg = beacon.BeaconConfig(cost=0.5, horizon=6, family="normal", batch_size=3)
+    res = await BeaconSampler(gen, BatchScorer(score), cfg).arun("q")
+    first = res.candidates[0]
+    assert first.failed and "unjudgeable" in (first.error or "")
+    assert [c.reward for c in res.candidates[1:3]] == [1.0, 1.0]

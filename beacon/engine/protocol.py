@@ -366,17 +366,15 @@ async def _gather_rewards(vals: list[Any]) -> list[Any]:
     async ``judge``), awaited together: the batch is one scorer call, so the first error of
     any of them fails it (retried as the call), after all have finished (none is left
     running or never awaited)."""
-    out = await asyncio.gather(
-        *(v if _awaitable(v) else _value(v) for v in vals), return_exceptions=True
-    )
-    for v in out:
+    at = [i for i, v in enumerate(vals) if _awaitable(v)]
+    got = await asyncio.gather(*(vals[i] for i in at), return_exceptions=True)
+    for v in got:
         if isinstance(v, BaseException):
             raise v
-    return list(out)
-
-
-async def _value(v: Any) -> Any:
-    return v
+    out = list(vals)  # a plain value (an exception instance too) stays as the scorer gave it
+    for i, v in zip(at, got, strict=True):
+        out[i] = v
+    return out
 
 
 def make_score(
