@@ -26,7 +26,10 @@ Why marginal likelihood and not moments: it weights every prompt by what its k_p
 it is efficient, and it exists for every alpha0 > 0, while the moment equations need the
 fourth moment of sigma (alpha0 > 2) and break down exactly for the heavy-tailed scale
 populations that real reward models produce. ``method="moments"`` (below) is kept as the
-optimiser's starting point and as a cross-check.
+optimiser's starting point and as a cross-check, and is the fallback where the marginal
+likelihood has no maximum: a prompt whose rewards are all identical has an evidence that grows
+without bound at mu0 = its mean as beta0 -> 0, and on a log of few prompts the others do not
+outweigh it (``fitted_on["method"]`` then says ``moments`` and ``fitted_on["note"]`` why).
 
 Bounds: alpha0 in [1/2, 100] (at 1/2 the predictive after one reward has 2 alpha0 + 1 = 2 degrees
 of freedom, the same as Jeffreys' prior at its k0 = 3, so the h-tables never see heavier tails
@@ -66,14 +69,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from beacon._checks import is_integer, is_real
-from beacon.errors import ConfigError, RewardError
+from beacon._checks import is_integer, is_real, real_as_float
+from beacon.errors import ConfigError, ConfigTypeError, RewardError
 from beacon.families.judge import WIN_THRESHOLD  # importing registers the "judge" family
 from beacon.families.normal import MAX_ABS_REWARD
 from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
 from beacon.transforms import (
     LogitTransform,
     RewardTransform,
+    _check_transform_fields,
+    _too_large,
     make_transform,
     register_transform,
     transform_from_dict,
@@ -97,6 +102,7 @@ FloatArray = NDArray[np.float64]
 ALPHA0_BOUNDS = (0.5, 100.0)
 NU0_BOUNDS = (1e-3, 1000.0)
 BETA_AB_BOUNDS = (1e-3, 1e4)
+_BETA0_Z_BOUNDS = (1e-10, 1e10)  # beta0 in squared units of the pooled within-prompt sd
 TUKEY_FAR_OUT = 3.0
 METHODS = ("marginal", "moments")
 FAMILIES = ("normal", "bernoulli", "judge")
@@ -123,8 +129,13 @@ def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
             width = max((len(r) for r in rows), default=0)
             arr = np.full((len(rows), width), np.nan)
             for i, r in enumerate(rows):
-                vals = [np.nan if v is None else v for v in r]
+                # an int beyond the floats is +-inf (reported below at its position, not an
+                # OverflowError); a string is a mistake, not a number to parse
+                vals = [np.nan if v is None else real_as_float(v) if is_real(v) else v
+                        for v in r]
                 try:
+                    if any(isinstance(v, str | bytes) for v in vals):
+                        raise TypeError("a string is not a reward")
                     arr[i, : len(vals)] = np.asarray(vals, dtype=np.float64)
                 except (TypeError, ValueError) as exc:
                     raise ConfigError(
@@ -330,8 +341,11 @@ def _nig_moments(st: _Stats) -> tuple[float, float, float, float]:
     return mu0, nu0, alpha0, beta0
 
 
-def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float]:
-    """Fit NIG hyper-parameters; returns the prior and the mean log evidence per reward."""
+def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str]:
+    """Fit NIG hyper-parameters: the prior, the mean log evidence per reward, the method used.
+
+    ``marginal`` falls back to ``moments`` where the marginal likelihood has no maximum (below).
+    """
     from scipy.optimize import minimize
 
     if float(np.sum(st.ss)) <= 0.0:
@@ -351,7 +365,8 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float]:
         theta = np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)])
     else:
         lb = [(None, None), tuple(math.log(v) for v in NU0_BOUNDS),
-              tuple(math.log(v) for v in ALPHA0_BOUNDS), (math.log(1e-10), math.log(1e10))]
+              tuple(math.log(v) for v in ALPHA0_BOUNDS),
+              tuple(math.log(v) for v in _BETA0_Z_BOUNDS)]
 
         def nll(th: FloatArray) -> tuple[float, FloatArray]:
             ll, g = _nig_terms(th, z, grad=True)
@@ -373,6 +388,13 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float]:
                 best = res
         assert best is not None
         theta = np.asarray(best.x, dtype=np.float64)
+        if theta[3] < math.log(_BETA0_Z_BOUNDS[0]) + 1e-3:
+            # A prompt whose rewards are all identical (or equal up to float noise) has an
+            # unbounded evidence at mu0 = its mean as beta0 -> 0; when the other prompts
+            # cannot outweigh it (few prompts) the maximum is that spike at beta0's bound, a
+            # prior that says rewards do not vary. The moment estimates have no such spike.
+            theta = np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)])
+            method = "moments"
     nu0 = _sig4(math.exp(theta[1]))
     alpha0 = _sig4(math.exp(theta[2]))
     mu0_z = float(theta[0])
@@ -383,21 +405,25 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float]:
                      beta0=beta0_z * scale**2)
     ll = _nig_terms(np.array([prior.mu0, math.log(nu0), math.log(alpha0),
                               math.log(prior.beta0)]), st, grad=False)[0]
-    return prior, float(ll.sum() / st.k.sum())
+    return prior, float(ll.sum() / st.k.sum()), method
 
 
 # ----------------------------------------------------------------------------------------------
 # bernoulli family: Beta
 # ----------------------------------------------------------------------------------------------
+def _check_binary(x: FloatArray) -> None:
+    bad = ~np.isnan(x) & (x != 0.0) & (x != 1.0)
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        raise RewardError((i, j), float(x[i, j]), "the bernoulli family needs rewards 0 or 1")
+
+
 def _fit_beta(x: FloatArray, method: str) -> tuple[BetaPrior, float]:
     from scipy.optimize import minimize
     from scipy.special import betaln, digamma
 
+    _check_binary(x)
     ok = ~np.isnan(x)
-    bad = ok & (x != 0.0) & (x != 1.0)
-    if bad.any():
-        i, j = (int(v) for v in np.argwhere(bad)[0])
-        raise RewardError((i, j), float(x[i, j]), "the bernoulli family needs rewards 0 or 1")
     k = ok.sum(axis=1).astype(np.float64)
     s = np.where(ok, x, 0.0).sum(axis=1)
     keep = k > 0
@@ -451,37 +477,62 @@ def _fit_beta(x: FloatArray, method: str) -> tuple[BetaPrior, float]:
 # ----------------------------------------------------------------------------------------------
 # Gaussianizing transform
 # ----------------------------------------------------------------------------------------------
-#: Logged values closer than this fraction of their range are one knot of the gaussianize fit.
+#: Logged values closer than this fraction of their range *and* of their magnitude are one knot
+#: of the gaussianize fit.
 _TIE_RESOLUTION = 1e-12
 #: ... and so are values closer than this (absolute): below it a slope would overflow.
 _TIE_FLOOR = 1e-290
 
 
+def _tie_tolerance(a: FloatArray | float, b: FloatArray | float, span: float) -> FloatArray:
+    """``max(1e-12 min(range, max(|a|, |b|)), 1e-290)``: the gap below which a and b are ties."""
+    mag = np.maximum(np.abs(a), np.abs(b))
+    return np.maximum(_TIE_RESOLUTION * np.minimum(span, mag), _TIE_FLOOR)
+
+
 def _merge_near_ties(
     xs: FloatArray, counts: NDArray[np.int64]
 ) -> tuple[FloatArray, NDArray[np.int64]]:
-    """Merge sorted distinct values within ``tol = max(1e-12 range, 1e-290)`` of a group's first.
+    """Merge sorted distinct values within :func:`_tie_tolerance` of a group's first value.
 
     Two knots a few ulps apart would give a secant slope near 1e308 (or an infinite one for
     subnormal gaps), and the linear tails of :class:`GaussianizeTransform` would then overflow
-    to -inf/inf a few ranges outside the log. With the gaps bounded below, every slope is below
-    ~1e13 / range. A merged knot sits at the group's smallest value and carries the group's
-    count (the values are ties).
+    to -inf/inf a few ranges outside the log. With the gaps bounded below by 1e-12 of the range,
+    every slope is below ~1e13 / range. The tolerance is also capped at 1e-12 of the values'
+    own magnitude: one wild reward (1e13 among scores 1..10) widens the range, and a tolerance
+    of 1e-12 of that range would merge every ordinary score into one knot and flatten the
+    transform where the rewards actually are. A merged knot sits at the group's smallest value
+    and carries the group's count (the values are ties).
     """
-    tol = max(_TIE_RESOLUTION * float(xs[-1] - xs[0]), _TIE_FLOOR)
-    if bool(np.all(np.diff(xs) > tol)):
+    span = float(xs[-1] - xs[0])
+    if bool(np.all(np.diff(xs) > _tie_tolerance(xs[:-1], xs[1:], span))):
         return xs, counts
-    # a group reaches up to tol above its first value, so consecutive knots are > tol apart and
-    # a range above tol always leaves >= 2 knots (only degenerate logs take this loop)
+    # a group reaches up to its tolerance (<= max(1e-12 range, 1e-290)) above its first value,
+    # so a range above 1e-290 always leaves >= 2 knots (only degenerate logs take this loop)
     starts = np.zeros(xs.size, dtype=bool)
     first = xs[0]
     starts[0] = True
     for i in range(1, xs.size):
-        if xs[i] - first > tol:
+        if xs[i] - first > float(_tie_tolerance(first, xs[i], span)):
             starts[i] = True
             first = xs[i]
     group = np.cumsum(starts) - 1
     return xs[starts], np.bincount(group, weights=counts).astype(np.int64)
+
+
+def _knots(name: str, values: Any) -> FloatArray:
+    """A flat sequence of real numbers (not booleans or None) as a float array."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+        arr = values.astype(np.float64)
+    elif isinstance(values, Sequence | np.ndarray) and not isinstance(values, str | bytes):
+        if not all(is_real(v) for v in values):  # [[0, 1]], [true, 2], [null, 1], ["1"]
+            raise ConfigError(name, values, "must be a flat list of numbers")
+        arr = np.array([real_as_float(v) for v in values], dtype=np.float64)
+    else:
+        raise ConfigError(name, values, "must be a flat list of numbers")
+    if arr.ndim != 1:  # a 2-D numpy array
+        raise ConfigError(name, arr.tolist(), "must be a flat list of numbers")
+    return arr
 
 
 class GaussianizeTransform(RewardTransform):
@@ -502,14 +553,8 @@ class GaussianizeTransform(RewardTransform):
         slope_left: float,
         slope_right: float,
     ) -> None:
-        try:
-            xa = np.asarray(x, dtype=np.float64)
-            qa = np.asarray(q, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError("transform.x", x, "knots must be numbers") from exc
-        for name, arr in (("transform.x", xa), ("transform.q", qa)):
-            if arr.ndim != 1:  # [[0, 1]] was flattened into knots without a word
-                raise ConfigError(name, arr.tolist(), "must be a flat list of numbers")
+        xa = _knots("transform.x", x)
+        qa = _knots("transform.q", q)
         if xa.size < 2 or xa.size != qa.size:
             raise ConfigError("transform.x", f"{xa.size} knots / {qa.size} quantiles",
                               "need >= 2 knots and as many quantiles")
@@ -518,7 +563,7 @@ class GaussianizeTransform(RewardTransform):
                 raise ConfigError(name, arr.tolist()[:8], "must be finite and strictly increasing")
         for name, v in (("transform.slope_left", slope_left),
                         ("transform.slope_right", slope_right)):
-            if not is_real(v) or not (math.isfinite(v) and v > 0):
+            if not is_real(v) or not (math.isfinite(real_as_float(v)) and v > 0):
                 raise ConfigError(name, v, "must be a finite number > 0")
         self.x = xa
         self.q = qa
@@ -535,18 +580,29 @@ class GaussianizeTransform(RewardTransform):
         if not is_integer(max_knots) or max_knots < 2:
             raise ConfigError("max_knots", max_knots, "must be an integer >= 2")
         max_knots = int(max_knots)
-        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        try:
+            r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("rewards", rewards, "must be numbers (NaN = missing)") from exc
         if np.isinf(r).any():
             j = int(np.argwhere(np.isinf(r))[0][0])
             raise RewardError(j, float(r[j]), "rewards must be finite (use NaN for missing)")
         r = r[~np.isnan(r)]
         xs, counts = np.unique(r, return_counts=True)
+        with np.errstate(over="ignore"):
+            span = float(xs[-1] - xs[0]) if xs.size else 0.0
+        if not math.isfinite(span):
+            # every gap and secant below is at most the span: finite from here on
+            raise ConfigError("rewards", f"range {xs[0]:.3g} .. {xs[-1]:.3g}",
+                              "too wide for the gaussianize transform (the range overflows a "
+                              "float): divide the rewards by a constant first")
         if xs.size >= 2:
             xs, counts = _merge_near_ties(xs, counts)
         if xs.size < 2:
             raise ConfigError("rewards", f"{xs.size} distinct value(s)",
                               "the gaussianize transform needs >= 2 distinct rewards (values "
-                              "within 1e-12 of their range or 1e-290 count as ties)")
+                              "closer than 1e-290, or than 1e-12 of both their range and their "
+                              "magnitude, count as ties)")
         from scipy.special import ndtri
 
         n = float(counts.sum())
@@ -567,11 +623,20 @@ class GaussianizeTransform(RewardTransform):
         lo_j = min(lo_j, xs.size - 1)
         sl = float((qs[lo_j] - qs[0]) / (xs[lo_j] - xs[0]))
         sr = float((qs[-1] - qs[hi_j]) / (xs[-1] - xs[hi_j]))
+        if not (sl > 0.0 and sr > 0.0):  # a secant over ~1e308 underflows to 0
+            raise ConfigError("rewards", f"range {xs[0]:.3g} .. {xs[-1]:.3g}",
+                              "too wide for the gaussianize transform (its tail slopes "
+                              "underflow): divide the rewards by a constant first")
         return cls(xs.tolist(), qs.tolist(), sl, sr)
 
     def apply(self, rewards: ArrayLike) -> FloatArray:
         r = np.asarray(rewards, dtype=np.float64)
         out = np.interp(r, self.x, self.q)
+        # np.interp's affine pieces can round an ulp past their end knot's q (a reward just
+        # below a knot then maps above the knot's own value); keeping each piece within its
+        # knots' [q_j, q_j+1] makes t monotone in floating point too.
+        j = np.clip(np.searchsorted(self.x, r, side="right") - 1, 0, self.x.size - 2)
+        out = np.clip(out, self.q[j], self.q[j + 1])
         # a reward far outside the log can overflow to +-inf; callers report it as a RewardError
         with np.errstate(invalid="ignore", over="ignore"):
             left = r < self.x[0]
@@ -592,7 +657,9 @@ class GaussianizeTransform(RewardTransform):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GaussianizeTransform:
-        missing = [k for k in ("x", "q", "slope_left", "slope_right") if k not in data]
+        names = ("x", "q", "slope_left", "slope_right")
+        _check_transform_fields(data, names)
+        missing = [k for k in names if k not in data]
         if missing:
             raise ConfigError(f"transform.{missing[0]}", None, "missing from gaussianize transform")
         return cls(data["x"], data["q"], data["slope_left"], data["slope_right"])
@@ -633,6 +700,11 @@ class FitResult:
         """
         p = self.prior
         if isinstance(p, NIGPrior):
+            if not (p.alpha0 > 0 and p.beta0 > 0):  # Jeffreys' prior, or an edited file
+                raise ConfigError(
+                    "prior", p, "has no typical within-prompt scale sqrt(beta0 / alpha0): "
+                    "within_scale needs alpha0 > 0 and beta0 > 0 (a fitted prior)",
+                )
             return math.sqrt(p.beta0 / p.alpha0)
         return 1.0
 
@@ -640,6 +712,12 @@ class FitResult:
         """``BeaconConfig(family=..., prior=..., transform=..., **kwargs)``."""
         from beacon.config import BeaconConfig
 
+        for key in ("family", "prior", "transform"):
+            if key in kwargs:  # was a bare "got multiple values for keyword argument"
+                raise ConfigTypeError(
+                    key, kwargs[key], "comes from the fit (its units are the fit's); build "
+                    "beacon.BeaconConfig(...) yourself to use another",
+                )
         return BeaconConfig(family=self.family, prior=self.prior, transform=self.transform,
                             **kwargs)
 
@@ -653,10 +731,21 @@ class FitResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FitResult:
+        if isinstance(data, dict) and "prior" in data and not isinstance(data["prior"], dict):
+            raise ConfigError("prior", data["prior"], "must be a JSON object (the prior's "
+                              "parameters)")
         if not isinstance(data, dict) or not isinstance(data.get("prior"), dict):
             raise ConfigError("prior", data, "must be a JSON object with a 'prior' object")
+        unknown = [k for k in data if k not in ("prior", "transform", "fitted_on")]
+        if unknown:  # a misspelt "transform" would silently drop the transform
+            raise ConfigError(
+                unknown[0], data[unknown[0]],
+                "unknown key of a fitted prior (its keys: prior, transform, fitted_on; put "
+                "notes of your own in fitted_on)",
+            )
         tr = data.get("transform")
-        fitted = data.get("fitted_on") or {}
+        fitted = data.get("fitted_on")
+        fitted = {} if fitted is None else fitted  # [] or "" is not an empty object
         if not isinstance(fitted, dict):
             raise ConfigError("fitted_on", fitted, "must be a JSON object")
         return cls(
@@ -734,40 +823,62 @@ def fit_reward_model(
     x = reward_matrix(rewards)
     tr = _resolve_transform(transform, x, family)
     if tr is not None:
+        raw = x
         x = tr.apply(x)
         if np.isinf(x).any():
             i, j = (int(v) for v in np.argwhere(np.isinf(x))[0])
-            raise RewardError((i, j), float(x[i, j]), f"outside the domain of {tr.kind}")
-    if family == "normal":
-        _check_normal_scale(x)
-    st = _Stats.of(x)
-    _check_enough(st, "rewards")
+            raise RewardError((i, j), float(raw[i, j]), f"outside the domain of {tr.kind}")
+        if family == "normal":
+            with np.errstate(invalid="ignore"):
+                big = np.abs(x) > MAX_ABS_REWARD
+            if big.any():  # name the user's reward, not its transform
+                i, j = (int(v) for v in np.argwhere(big)[0])
+                raise RewardError(
+                    (i, j), float(raw[i, j]), _too_large(tr.kind, float(x[i, j]))
+                )
+    # the families' own range checks come first: the statistics of a reward of 1e200 overflow
     dropped = 0
     if family == "normal":
         if robust:
-            x, dropped = _drop_outliers(x)
-            st = _Stats.of(x)
-        prior: Prior
-        prior, ll = _fit_nig(st, method)
+            # before the scale check: a broken reward of 1e200 is dropped like one of 1e6,
+            # not a reason to rescale the whole log
+            with np.errstate(over="ignore", invalid="ignore"):
+                x, dropped = _drop_outliers(x)
+        _check_normal_scale(x)
     elif family == "judge":
-        ok = ~np.isnan(x)
-        bad = ok & ((x < 0.0) | (x > 1.0))
+        bad = ~np.isnan(x) & ((x < 0.0) | (x > 1.0))
         if bad.any():
             i, j = (int(v) for v in np.argwhere(bad)[0])
             raise RewardError((i, j), float(x[i, j]), "the judge family needs rewards in [0, 1]")
+    else:
+        _check_binary(x)
+    st = _Stats.of(x)
+    _check_enough(st, "rewards")
+    used, note = method, ""
+    if family == "normal":
+        prior: Prior
+        prior, ll, used = _fit_nig(st, method)
+        if used != method:
+            note = ("a prompt whose rewards are all (nearly) identical makes the marginal "
+                    "likelihood unbounded on this log (the population's scale would go to 0); "
+                    "fitted by moments instead")
+    elif family == "judge":
+        ok = ~np.isnan(x)
         wins = np.where(ok, (x > WIN_THRESHOLD).astype(np.float64), np.nan)
         prior, ll = _fit_beta(wins, method)
     else:
         prior, ll = _fit_beta(x, method)
-    fitted_on = {
+    fitted_on: dict[str, Any] = {
         "family": family,
-        "method": method,
+        "method": used,
         "robust": robust,
         "prompts": int(st.k.size),
         "rewards": int(st.k.sum()),
         "dropped": dropped,
         "mean_log_evidence": ll,
     }
+    if note:
+        fitted_on["note"] = note
     return FitResult(prior, tr, fitted_on)
 
 

@@ -225,6 +225,9 @@ def load_prior(path: str | os.PathLike[str]) -> Prior:
         raise ConfigError("prior", str(p), "not a UTF-8 text file") from exc
     except OSError as exc:  # a directory, no permission, ...
         raise ConfigError("prior", str(p), f"cannot read it ({exc.strerror or exc})") from exc
-    if isinstance(data, dict) and "prior" in data and isinstance(data["prior"], dict):
+    if isinstance(data, dict) and "prior" in data:
+        if not isinstance(data["prior"], dict):  # not a bare prior with a field "prior"
+            raise ConfigError("prior", data["prior"], "must be a JSON object (the prior's "
+                              "parameters) in a {\"prior\": {...}} file")
         data = data["prior"]
     return prior_from_dict(data)

@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from beacon._checks import is_real
+from beacon._checks import is_real, real_as_float
 from beacon.errors import ConfigError, RewardError
+from beacon.families.normal import MAX_ABS_REWARD
 
 __all__ = [
     "IdentityTransform",
@@ -28,6 +29,14 @@ __all__ = [
     "register_transform",
     "transform_from_dict",
 ]
+
+
+def _too_large(kind: str, transformed: float) -> str:
+    """Why a reward whose transform exceeds the normal model's range is refused."""
+    return (
+        f"its {kind} transform {transformed:.4g} is beyond +-{MAX_ABS_REWARD:g}, where the normal "
+        "model's statistics overflow"
+    )
 
 
 class RewardTransform:
@@ -50,6 +59,9 @@ class RewardTransform:
             raise RewardError(position, reward, exc.reason) from None
         if not math.isfinite(out):
             raise RewardError(position, reward, f"outside the domain of the {self.kind} transform")
+        if not -MAX_ABS_REWARD <= out <= MAX_ABS_REWARD:
+            # The model would reject t(r) and name it as if the user had sent it; name r instead.
+            raise RewardError(position, reward, _too_large(self.kind, out))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,7 +95,8 @@ class LogitTransform(RewardTransform):
     kind: ClassVar[str] = "logit"
 
     def __init__(self, eps: float = 1e-4) -> None:
-        if not (is_real(eps) and 0.0 < float(eps) < 0.5):
+        # real_as_float: a JSON integer of hundreds of digits is inf here, not an OverflowError
+        if not (is_real(eps) and 0.0 < real_as_float(eps) < 0.5):
             raise ConfigError("transform.eps", eps, "must be in (0, 0.5)")
         self.eps = float(eps)
 
@@ -91,6 +104,8 @@ class LogitTransform(RewardTransform):
         r = np.asarray(rewards, dtype=np.float64)
         bad = (r < 0.0) | (r > 1.0)
         if np.any(bad):
+            if r.ndim == 0:  # one reward: np.argwhere of a 0-d array has no index to give
+                raise RewardError(0, float(r), "logit transform needs rewards in [0, 1]")
             idx = np.argwhere(bad)[0]
             pos = tuple(int(i) for i in idx) if r.ndim > 1 else int(idx[0])
             raise RewardError(pos, float(r[tuple(idx)]), "logit transform needs rewards in [0, 1]")
@@ -102,9 +117,34 @@ class LogitTransform(RewardTransform):
         return {"kind": self.kind, "eps": self.eps}
 
 
+def _check_transform_fields(data: dict[str, Any], names: tuple[str, ...]) -> None:
+    """A key of a transform dict other than ``kind`` and ``names`` is an error naming it.
+
+    A misspelt parameter (``"epsilon"`` for ``"eps"``) would otherwise be ignored and the
+    default used, a different transform than the file says.
+    """
+    unknown = [k for k in data if k != "kind" and k not in names]
+    if unknown:
+        known = ", ".join(names) if names else "none"
+        raise ConfigError(
+            f"transform.{unknown[0]}", data[unknown[0]],
+            f"unknown field of the {data.get('kind')} transform (its fields: {known})",
+        )
+
+
+def _load_identity(data: dict[str, Any]) -> RewardTransform:
+    _check_transform_fields(data, ())
+    return IdentityTransform()
+
+
+def _load_logit(data: dict[str, Any]) -> RewardTransform:
+    _check_transform_fields(data, ("eps",))
+    return LogitTransform(eps=data.get("eps", 1e-4))
+
+
 _REGISTRY: dict[str, Callable[[dict[str, Any]], RewardTransform]] = {
-    "identity": lambda d: IdentityTransform(),
-    "logit": lambda d: LogitTransform(eps=d.get("eps", 1e-4)),
+    "identity": _load_identity,
+    "logit": _load_logit,
 }
 
 

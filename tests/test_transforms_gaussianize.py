@@ -211,3 +211,113 @@ def test_a_chain_of_near_ties_longer_than_the_resolution_keeps_two_knots() -> No
     g = GaussianizeTransform.fit([0.0, step, 2 * step])
     assert g.x.tolist() == [0.0, 2 * step]
     _strictly_increasing(g)
+
+
+def test_one_wild_reward_does_not_merge_the_ordinary_scores_into_one_knot() -> None:
+    # Was: the tie tolerance was 1e-12 of the range, so a broken reward of 1e13 among scores
+    # 0.1 apart (range 1e13, tolerance 10) merged every score into one knot and the prior was
+    # fitted on a handful of values.
+    rng = np.random.default_rng(5)
+    scores = np.round(rng.normal(6.0, 2.0, (40, 8)), 1)
+    for wild in (1e13, 1e200, -1e13):
+        x = scores.copy()
+        x[3, 2] = wild
+        g = GaussianizeTransform.fit(x)
+        assert g.x.tolist() == np.unique(x).tolist()  # every distinct score is a knot
+        # rank-based: the ordinary scores map as if the wild one were any value above (below)
+        y = scores.copy()
+        y[3, 2] = np.sign(wild) * 1e3
+        ref = GaussianizeTransform.fit(y)
+        inner = np.unique(scores)
+        inner = inner[inner != scores[3, 2]]
+        np.testing.assert_allclose(g.apply(inner), ref.apply(inner), rtol=0, atol=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=2, max_size=30),
+       st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=30),
+       st.integers(2, 40))
+def test_monotone_in_floating_point_for_any_log_and_any_reward(
+    values: list[float], probes: list[float], max_knots: int
+) -> None:
+    try:
+        g = GaussianizeTransform.fit(values, max_knots=max_knots)
+    except ConfigError as exc:  # too few distinct values, or a range beyond the floats
+        assert exc.field == "rewards"
+        return
+    with np.errstate(over="ignore"):  # the float next to +-1.8e308 is +-inf
+        near = np.concatenate([np.nextafter(g.x, np.inf), np.nextafter(g.x, -np.inf)])
+    xs = np.sort(np.concatenate([np.asarray(probes), g.x, near]))
+    ys = g.apply(xs)
+    assert not np.isnan(ys).any()
+    finite = ys[np.isfinite(ys)]
+    assert np.all(np.diff(finite) >= 0)  # never decreasing, across knots and tails
+    assert np.array_equal(g.apply(g.x), g.q)  # the knots map exactly to their quantiles
+    assert np.all(np.diff(g.x) > 0) and np.all(np.diff(g.q) > 0)
+
+
+def test_a_reward_just_below_a_knot_never_maps_above_it() -> None:
+    # Found by hypothesis: np.interp's affine piece from -7.7e15 to 0 rounded t(-1) an ulp
+    # above t(0), so a lower reward had a higher transformed value.
+    g = GaussianizeTransform.fit([0.0, 0.0, -7712251069598887.0])
+    xs = np.array([-1.0, -1e-300, 0.0, -7712251069598887.0 / 2])
+    assert g.apply(xs[0]) <= g.apply(0.0) and g.apply(xs[1]) <= g.apply(0.0)
+    assert g.apply_scalar(-1.0) <= g.apply_scalar(0.0)
+
+
+def test_a_range_beyond_the_floats_is_a_config_error_naming_the_rewards() -> None:
+    import warnings
+
+    for values in ([-1e308, 1e308], [-1e308, 0.0, 1.0, 1e308]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no overflow warning on the way
+            with pytest.raises(ConfigError, match="too wide") as ei:
+                GaussianizeTransform.fit(values)
+        assert ei.value.field == "rewards"
+
+
+def test_fit_on_non_numbers_is_a_config_error() -> None:
+    for bad in (["a", "b"], [[1.0, 2.0], [3.0]]):
+        with pytest.raises(ConfigError) as ei:
+            GaussianizeTransform.fit(bad)
+        assert ei.value.field == "rewards"
+
+
+def test_hand_edited_transforms_name_the_bad_field() -> None:
+    good = {"kind": "gaussianize", "x": [0.0, 1.0, 2.0], "q": [-1.0, 0.0, 1.0],
+            "slope_left": 1.0, "slope_right": 1.0}
+    cases = [
+        ({**good, "x": [True, 2, 3]}, "transform.x", [True, 2, 3]),  # a boolean is no knot
+        ({**good, "x": None}, "transform.x", None),
+        ({**good, "q": [-1, None, 1]}, "transform.q", [-1, None, 1]),
+        ({**good, "slope_left": 10**400}, "transform.slope_left", 10**400),  # JSON big int
+        ({**good, "x": [0, 10**400, 10**401]}, "transform.x", None),
+        ({**good, "slopeleft": 1.0}, "transform.slopeleft", 1.0),  # misspelt: not ignored
+        ({"kind": "logit", "eps": 10**400}, "transform.eps", 10**400),
+        ({"kind": "logit", "epsilon": 0.01}, "transform.epsilon", 0.01),  # default not used
+        ({"kind": "identity", "eps": 0.01}, "transform.eps", 0.01),
+    ]
+    for data, field, value in cases:
+        with pytest.raises(ConfigError) as ei:
+            transform_from_dict(data)
+        assert ei.value.field == field, data
+        if value is not None or field != "transform.x":
+            assert ei.value.value == value, data
+    # what to_dict writes still loads
+    for tr in (GaussianizeTransform.fit([1.0, 2.0, 5.0]), make_transform("logit")):
+        assert tr is not None and transform_from_dict(tr.to_dict()) == tr
+
+
+def test_a_reward_whose_transform_leaves_the_model_range_is_named_by_its_raw_value() -> None:
+    # Was: "invalid reward at position 0: 9.19e+199 (|reward| above 1e+140 ...)", the
+    # transformed value, which the user never sent.
+    g = GaussianizeTransform.fit([1.0, 2.0, 3.0, 4.0, 5.0])
+    s = beacon.Stopper(beacon.BeaconConfig(cost=0.1, horizon=8, transform=g))
+    d = s.next_decision()
+    assert isinstance(d, beacon.Draw)
+    with pytest.raises(RewardError) as ei:
+        s.observe([2.0] * (d.count - 1) + [1e200])
+    assert ei.value.value == 1e200 and ei.value.position == d.count - 1
+    assert "gaussianize" in str(ei.value)
+    # the Stopper is unchanged and goes on
+    s.observe([2.0] * d.count)

@@ -24,6 +24,7 @@ from beacon.cli.common import (
     load_log,
     out_console,
     parse_transform,
+    print_notes,
     usage_error,
 )
 from beacon.errors import RewardError
@@ -47,7 +48,8 @@ def fit_prior_command(
         str,
         typer.Option(
             "--transform",
-            help="Fit the prior on transformed rewards: none, logit (probability-valued judges), "
+            help="Fit the prior on transformed rewards: none (or identity), logit "
+            "(probability-valued judges), "
             "gaussianize (empirical CDF then normal quantile, fitted here and stored with "
             "the prior), or a transform JSON file (stored with the prior as it is).",
         ),
@@ -71,8 +73,11 @@ def fit_prior_command(
     check_family(family)
     if family not in ("normal", "bernoulli", "judge"):
         usage_error(f"{family!r}: fit-prior supports normal, bernoulli and judge", "--family")
-    fit_with: str | RewardTransform | None = None if transform == "none" else transform
-    if transform not in _TRANSFORMS:
+    # "identity" is "none", as replay and tune spell it too
+    fit_with: str | RewardTransform | None = (
+        None if transform in ("none", "identity") else transform
+    )
+    if transform not in (*_TRANSFORMS, "identity"):
         if not (transform.endswith(".json") or Path(transform).is_file()):
             usage_error(
                 f"{transform!r}: choose from {', '.join(_TRANSFORMS)} or a transform JSON file",
@@ -109,6 +114,8 @@ def fit_prior_command(
         + f"; k0={max(1, fit.prior.k0)}; wrote {output}",
         markup=False,
     )
+    if isinstance(doc["fitted_on"].get("note"), str):
+        print_notes([doc["fitted_on"]["note"]])
     if as_json:
         echo_json(doc)
 
