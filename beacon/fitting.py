@@ -668,6 +668,19 @@ class GaussianizeTransform(RewardTransform):
 register_transform("gaussianize", GaussianizeTransform.from_dict)
 
 
+def check_fit_keys(data: dict[str, Any]) -> None:
+    """A fitted prior's keys are ``prior``, ``transform`` and ``fitted_on`` (what
+    :meth:`FitResult.to_dict` writes): another one is a ConfigError naming it, since a misspelt
+    ``"transform"`` would silently drop the transform the prior was fitted with."""
+    unknown = [k for k in data if k not in ("prior", "transform", "fitted_on")]
+    if unknown:
+        raise ConfigError(
+            unknown[0], data[unknown[0]],
+            "unknown key of a fitted prior (its keys: prior, transform, fitted_on; put "
+            "notes of your own in fitted_on)",
+        )
+
+
 # ----------------------------------------------------------------------------------------------
 # public API
 # ----------------------------------------------------------------------------------------------
@@ -736,13 +749,7 @@ class FitResult:
                               "parameters)")
         if not isinstance(data, dict) or not isinstance(data.get("prior"), dict):
             raise ConfigError("prior", data, "must be a JSON object with a 'prior' object")
-        unknown = [k for k in data if k not in ("prior", "transform", "fitted_on")]
-        if unknown:  # a misspelt "transform" would silently drop the transform
-            raise ConfigError(
-                unknown[0], data[unknown[0]],
-                "unknown key of a fitted prior (its keys: prior, transform, fitted_on; put "
-                "notes of your own in fitted_on)",
-            )
+        check_fit_keys(data)
         tr = data.get("transform")
         fitted = data.get("fitted_on")
         fitted = {} if fitted is None else fitted  # [] or "" is not an empty object

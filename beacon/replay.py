@@ -34,6 +34,7 @@ from beacon.families.normal import (
 )
 from beacon.priors import BetaPrior, NIGPrior
 from beacon.stopper import Draw, Stopper
+from beacon.transforms import _too_large
 
 __all__ = ["REASONS", "ReplayResult", "replay"]
 
@@ -129,7 +130,11 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
             big = np.abs(x) > MAX_ABS_REWARD
         if big.any():
             r, c = (int(v) for v in np.argwhere(big)[0])
-            raise RewardError((r, c), float(x[r, c]), TOO_LARGE_MESSAGE)
+            if cfg.transform is None:
+                raise RewardError((r, c), float(x[r, c]), TOO_LARGE_MESSAGE)
+            # the user's reward, and why its transform is refused (as the Stopper says it)
+            raise RewardError((r, c), float(raw[r, c]),
+                              _too_large(cfg.transform.kind, float(x[r, c])))
         from beacon._kernels.replay import replay_normal
         from beacon.index import get_table
 

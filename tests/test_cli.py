@@ -1165,3 +1165,22 @@ def test_a_one_prompt_log_is_counted_in_the_singular(tmp_path: Path) -> None:
         assert "one.jsonl: 1 prompt" in header and "1 prompts" not in out, header
     code, out, _ = run("replay", WRITING, "--cost", "0.1")
     assert code == 0 and "100 prompts, horizon" in out
+
+
+def test_a_misspelt_key_of_a_prior_file_is_an_error_not_a_dropped_transform(
+    tmp_path: Path,
+) -> None:
+    # {"prior": ..., "transfrom": ...} replayed the prior (fitted in gaussianized units) on the
+    # raw rewards without a word
+    fitted = tmp_path / "fit.json"
+    code, _, err = run("fit-prior", WRITING, "--transform", "gaussianize", "-o", fitted)
+    assert code == 0, err
+    data = json.loads(fitted.read_text())
+    data["transfrom"] = data.pop("transform")
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps(data))
+    for cmd in (("replay", WRITING, "-c", "0.1"), ("tune", WRITING)):
+        code, _, err = run(*cmd, "--prior", typo)
+        assert code == 1 and "transfrom" in err, (cmd, code, err[-500:])
+    code, _, err = run("replay", WRITING, "-c", "0.1", "--prior", fitted)
+    assert code == 0, err

@@ -342,3 +342,26 @@ def test_a_masked_cell_of_a_masked_array_is_missing_not_replayed() -> None:
     assert (beacon.replay(x, cfg).n_samples != want.n_samples).any()  # the mask matters here
     with pytest.raises(RewardError, match="not real numbers"):
         beacon.replay(np.ma.masked_array([["a", "b"]], mask=[[0, 1]]), cfg)
+
+
+def test_a_reward_whose_transform_is_too_large_is_named_by_its_raw_value_as_the_stopper_does(
+) -> None:
+    # replay said "(0, 2): 3.96e+199 (|reward| above 1e+140 ...; rescale the rewards)": the
+    # transformed value, which the user never logged, and advice about the raw scale
+    from beacon.fitting import fit_reward_model
+
+    logs = np.array([[1, 2, 3, 4.0], [2, 3, 4, 5], [1, 3, 5, 7], [0, 1, 2, 3]])
+    cfg = fit_reward_model(logs, "normal", transform="gaussianize").config(cost=0.1, horizon=6)
+    with pytest.raises(RewardError) as got:
+        beacon.replay(np.array([[1.0, 2.0, 1e200, 3.0]]), cfg)
+    assert got.value.position == (0, 2) and got.value.value == 1e200
+    assert "gaussianize transform" in got.value.reason
+    s = Stopper(cfg)
+    assert isinstance(s.next_decision(), Draw)
+    s.observe(1.0)
+    s.next_decision()
+    s.observe(2.0)
+    s.next_decision()
+    with pytest.raises(RewardError) as want:
+        s.observe(1e200)
+    assert want.value.value == got.value.value and want.value.reason == got.value.reason

@@ -281,6 +281,12 @@ def load_prior_file(path: Path) -> tuple[Prior, RewardTransform | None]:
     prior_obj: Any = data
     if "prior" in data:
         prior_obj = data["prior"]
+        from beacon.fitting import check_fit_keys
+
+        try:
+            check_fit_keys(data)
+        except ConfigError as exc:
+            fail(f"{path}: {exc}")
         if data.get("transform") is not None:
             try:
                 tr = transform_from_dict(data["transform"])
