@@ -381,7 +381,9 @@ def test_warm_start_resume_holds_only_the_rewards_of_finished_prompts(
         return real(records)
 
     monkeypatch.setattr(local, "seed_rewards", spy)
-    s = run_job(prompts, spec, out, fsync=False, warm_start=WarmStart(min_prompts=5))
+    # one more prompt: the refit on the 12 resumed prompts is made before it starts
+    more = _write_prompts(tmp_path / "p13.jsonl", 13)
+    s = run_job(more, spec, out, fsync=False, warm_start=WarmStart(min_prompts=5))
     assert s.progress.skipped == 12 and s.warm_start is not None
     assert s.warm_start[0]["prompts"] == 12
     assert sorted(map(str, (r["rewards"] for r in seen))) == sorted(map(str, rewards))

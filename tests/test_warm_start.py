@@ -151,15 +151,33 @@ def test_resumed_job_is_not_seeded_from_other_jobs_lines_in_the_output(tmp_path:
     mine = _prompts(tmp_path / "mine.jsonl", range(8))
     run_job(mine, _spec(), out, concurrency=2)
     own = [r for r in read_jsonl(out) if r["id"] < 100]
-    s = run_job(mine, _spec(), out, warm_start=WarmStart(min_prompts=5))
-    assert s.progress.skipped == 8 and s.warm_start is not None
+    # one prompt left to run: the refit on the resumed prompts is made before it starts
+    s = run_job(_prompts(tmp_path / "mine9.jsonl", range(9)), _spec(), out,
+                warm_start=WarmStart(min_prompts=5))
+    assert (s.progress.skipped, s.progress.done) == (8, 1) and s.warm_start is not None
     expect = fit_prior([r["rewards"] for r in own], "normal").to_dict()
     assert [(h["prompts"], h["prior"]) for h in s.warm_start] == [(8, expect)]
     # The same from a one-shot iterable of records.
-    recs = [json.loads(x) for x in mine.read_text().splitlines()]
+    own = [r for r in read_jsonl(out) if r["id"] < 100]
+    recs = [json.loads(x) for x in
+            _prompts(tmp_path / "mine10.jsonl", range(10)).read_text().splitlines()]
     s = run_job((r for r in recs), _spec(), out, warm_start=WarmStart(min_prompts=5))
-    assert s.progress.skipped == 8 and s.progress.total == 8 and s.warm_start is not None
-    assert [(h["prompts"], h["prior"]) for h in s.warm_start] == [(8, expect)]
+    assert s.progress.skipped == 9 and s.progress.total == 10 and s.warm_start is not None
+    expect = fit_prior([r["rewards"] for r in own], "normal").to_dict()
+    assert (s.warm_start[0]["prompts"], s.warm_start[0]["prior"]) == (9, expect)
+
+
+def test_rerun_of_a_finished_job_makes_no_refit(tmp_path: Path) -> None:
+    """With nothing left to run, a rerun used to refit on the resumed prompts (a fit, and
+    the h-table of a new prior: seconds to minutes) for no prompt, and report that refit."""
+    out = tmp_path / "out.jsonl"
+    prompts = _prompts(tmp_path / "a.jsonl", range(12))
+    run_job(prompts, _spec(), out, concurrency=2, warm_start=WarmStart(min_prompts=5))
+    before = out.read_bytes()
+    s = run_job(prompts, _spec(), out, warm_start=WarmStart(min_prompts=5))
+    assert (s.progress.skipped, s.progress.done) == (12, 0)
+    assert s.warm_start == []
+    assert out.read_bytes() == before
 
 
 def test_cli_run_warm_start(tmp_path: Path) -> None:

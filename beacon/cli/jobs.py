@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -31,6 +31,7 @@ from beacon.cli.common import (
     build_config,
     check_family,
     check_input_file,
+    check_output_file,
     err_console,
     fail,
     guarded,
@@ -44,6 +45,9 @@ from beacon.cli.common import (
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError
 from beacon.jobs.spec import FactorySpec, JobInputError, JobSpec, parse_allow_list
+
+if TYPE_CHECKING:
+    from beacon.jobs.local import JobSummary
 
 __all__ = ["build_job_spec", "register"]
 
@@ -313,6 +317,14 @@ def _check_outputs(prompts: Path, out: Path, dpo: Path | None) -> None:
     paths = [p.resolve() for p in (prompts, out, *([dpo] if dpo else []))]
     if len(set(paths)) != len(paths):
         usage_error("PROMPTS, --out and --dpo must be three different files", "--out")
+    for path, option in ((prompts, "PROMPTS"), (out, "--out"), (dpo, "--dpo")):
+        if path is not None and path.is_dir():
+            usage_error(f"{str(path)!r} is a directory; give a JSONL file path", option)
+        if path is not None and path.exists() and not path.is_file():
+            # /dev/null, a named pipe, <(...): a job reads its files more than once (to count
+            # the prompts, to resume) and syncs its outputs line by line
+            usage_error(f"{str(path)!r} is not a regular file (a device or a pipe); a job "
+                        "reads its files more than once: give a file path", option)
 
 
 def _check_collect_files(out: Path, dpo: Path | None) -> None:
@@ -351,6 +363,43 @@ def _summary_line(counts: dict[str, Any], reasons: Counter[str]) -> str:
         f"{done} ok, {failed} failed, {skipped} skipped (already done){extra}; {samples} "
         f"samples{per}; stop reasons: {rs}; {counts['elapsed']:.1f} s"
     )
+
+
+def _factory_option(role: str, fs: FactorySpec, exc: ConfigError) -> str:
+    """The option to blame for a job-level factory that cannot be built."""
+    if exc.field == f"{role}.kwargs" or exc.field in fs.kwargs:
+        return f"--{role}-kwargs"
+    return f"--{role}"
+
+
+async def _run_local(
+    prompts: Path, spec: JobSpec, out: Path, *, allowed: tuple[str, ...],
+    call_concurrency: int, **kwargs: Any,
+) -> JobSummary:
+    """``arun_job`` with the job's own factories built first, once, in the loop that uses them.
+
+    A factory that cannot be built is a usage error on its option (exit 2) before any prompt
+    runs. The objects built are the ones every prompt uses, closed at the end: a factory is
+    never called twice (a second HTTP session left unclosed, a local model loaded twice). The
+    factories typed on the command line are trusted: a name their module re-exports from
+    another package, or a ``functools.partial``, is built although the allow-list (which
+    guards the factories named by prompt lines) would refuse it.
+    """
+    from beacon.jobs.execute import FactoryCache, PromptExecutor
+    from beacon.jobs.local import arun_job
+
+    cache = FactoryCache(allowed, trusted=(spec.generator.factory, spec.scorer.factory))
+    ex = PromptExecutor(spec, allowed=allowed, call_concurrency=call_concurrency, cache=cache)
+    try:
+        for role, fs in (("generator", spec.generator), ("scorer", spec.scorer)):
+            try:
+                cache.get(fs, role)
+            except ConfigError as exc:
+                option_error(exc, _factory_option(role, fs, exc))
+        return await arun_job(prompts, spec, out, allowed=allowed,
+                              call_concurrency=call_concurrency, executor=ex, **kwargs)
+    finally:
+        await ex.aclose()
 
 
 # -- beacon run ------------------------------------------------------------------------------------
@@ -443,18 +492,19 @@ def run_command(
     stop reason, usage, error) and DPO pairs to --dpo. Resumable: rerun the same command after
     Ctrl-C or a crash and finished prompts are skipped; no line is ever written twice.
     """
-    from beacon.jobs.local import JobProgress, arun_job
+    from beacon.jobs.local import JobProgress
     from beacon.jobs.warm_start import WarmStart
 
+    if str(prompts) == "-" and not prompts.exists():
+        usage_error("prompts cannot be read from stdin (a job reads its file more than once: "
+                    "to count the prompts, to resume); save them to a file", "PROMPTS")
     check_input_file(prompts, "PROMPTS")
     _check_outputs(prompts, out, dpo)
+    # an output that cannot be written is a usage error (exit 2) before anything is built
+    check_output_file(out, "--out")
+    if dpo is not None:
+        check_output_file(dpo, "--dpo")
     spec = _job_spec(locals())
-    # Fail fast (exit 2) on a job-level factory that cannot be built, before any prompt runs.
-    for role, fs in (("--generator", spec.generator), ("--scorer", spec.scorer)):
-        try:
-            fs.build(None, role=role)
-        except JobInputError as exc:
-            option_error(exc, role)
     ws = None
     if warm_start_transform is not None and not warm_start:
         usage_error("--warm-start-transform needs --warm-start", "--warm-start-transform")
@@ -493,7 +543,8 @@ def run_command(
         TimeRemainingColumn(),
         console=err_console,
         transient=True,
-        disable=as_json,
+        # not on a terminal (a log file, CI): no bar to draw, and rich left a blank line
+        disable=as_json or not err_console.is_terminal,
     )
     task = prog.add_task(prompts.name, total=None, stats="")
 
@@ -513,7 +564,7 @@ def run_command(
     with prog:
         try:
             summary = asyncio.run(
-                arun_job(
+                _run_local(
                     prompts,
                     spec,
                     out,
@@ -545,6 +596,7 @@ def run_command(
         "dpo_rebuilt": state.dpo_rebuilt,
         "dpo_rerun": state.dpo_rerun,
         "dpo_missing": state.dpo_missing,
+        "other_lines": state.other_lines,
         "elapsed": time.perf_counter() - t0,
         "interrupted": interrupted,
         "out": str(out),
@@ -576,6 +628,15 @@ def run_command(
                 f'"ok": false in {out} (rerun'
                 + (" without --no-retry-failed" if state.kept_failed else "")
                 + " to retry them).",
+                markup=False,
+            )
+        if state.other_lines:
+            err_console.print(
+                f"note: {out} also holds {state.other_lines} line(s) that are not this "
+                "job's: other prompts, or the same prompts run with other options (a changed "
+                "--cost, --horizon, factory or kwargs gives new keys: such prompts are run "
+                "anew, not skipped); they were left as they are. Write each job to its own "
+                "--out to keep them apart.",
                 markup=False,
             )
         if state.dpo_missing:

@@ -3,9 +3,10 @@
 The paper's rule (section "Preference data"): for each prompt, ``chosen`` is the response with the
 highest reward and ``rejected`` the one with the lowest among the samples BEACON drew; a prompt
 whose rewards are all equal carries no preference and is skipped. Records use the
-``prompt``/``chosen``/``rejected`` columns that TRL's ``DPOTrainer`` reads, plus ``margin`` =
-reward(chosen) - reward(rejected) in raw reward units (useful to filter weak pairs), and the job
-key and prompt id so every pair traces back to its prompt.
+``prompt``/``chosen``/``rejected`` columns that TRL's ``DPOTrainer`` reads (a chat prompt, a list
+of messages, gets ``chosen`` and ``rejected`` as one assistant message each: TRL's conversational
+format), plus ``margin`` = reward(chosen) - reward(rejected) in raw reward units (useful to
+filter weak pairs), and the job key and prompt id so every pair traces back to its prompt.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def dpo_record(
     r_text, r_reward = _text_reward(rejected)
     if not c_reward > r_reward:
         return None
+    if _is_chat(prompt):
+        # TRL's conversational format: a prompt of messages takes chosen / rejected as
+        # messages too (it concatenates prompt + chosen); a plain string there failed
+        c_text, r_text = _assistant(c_text), _assistant(r_text)
     return {
         "key": key,
         "id": prompt_id,
@@ -47,6 +52,16 @@ def dpo_record(
         "rejected_reward": r_reward,
         "margin": c_reward - r_reward,
     }
+
+
+def _is_chat(prompt: Any) -> bool:
+    """A prompt given as a list of chat messages (JSON objects), as a prompt record allows."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, Mapping)
+                                                              for m in prompt)
+
+
+def _assistant(text: Any) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": text}]
 
 
 def _text_reward(side: Any) -> tuple[Any, float]:
@@ -60,10 +75,11 @@ def _text_reward(side: Any) -> tuple[Any, float]:
 
 
 class DpoWriter(KeyedJsonlWriter):
-    """:class:`KeyedJsonlWriter` for DPO records (one pair per job key at most)."""
+    """:class:`KeyedJsonlWriter` for DPO records (one pair per job key at most); a file whose
+    records have no ``chosen`` (a job's output given as the DPO file) is refused on open."""
 
     def __init__(self, path: str | Path, *, fsync: bool = True) -> None:
-        super().__init__(path, key_field="key", fsync=fsync)
+        super().__init__(path, key_field="key", fsync=fsync, required="chosen")
 
     def write_pair(self, record: Mapping[str, Any] | None) -> bool:
         """Write a :func:`dpo_record` result; None (no preference) writes nothing."""

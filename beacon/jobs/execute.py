@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from beacon._checks import positive_int
+from beacon._checks import boolean, positive_int
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine import BeaconSampler
@@ -166,13 +166,27 @@ def prepare_config(cfg: BeaconConfig) -> None:
 
 
 class FactoryCache:
-    """Built generators/scorers, keyed by their spec; LRU-bounded; closed with :meth:`aclose`."""
+    """Built generators/scorers, keyed by their spec; LRU-bounded; closed with :meth:`aclose`.
 
-    def __init__(self, allowed: str | Iterable[str] | None, *, max_size: int = 32) -> None:
+    ``trusted``: factories (``"module:name"``) built without the allow-list check, e.g. the
+    job's own factories typed on the command line (``beacon run``): a name it re-exports from
+    another package, or a ``functools.partial``, is the user's choice, not a prompt line's.
+    """
+
+    def __init__(self, allowed: str | Iterable[str] | None, *, max_size: int = 32,
+                 trusted: Iterable[str] = ()) -> None:
         # A string is parsed like BEACON_ALLOWED_FACTORIES, never iterated per character.
         self.allowed = normalize_allow_list(allowed)
         self.max_size = positive_int("max_size", max_size)
+        names = None if isinstance(trusted, str) else tuple(trusted)
+        if names is None or not all(isinstance(t, str) for t in names):
+            raise ConfigError("trusted", trusted, "must be a list of 'module:name' strings")
+        self.trusted = frozenset(names)
         self._objs: OrderedDict[str, Any] = OrderedDict()
+        # objects leased by running prompts (acquire/release), by id: one evicted meanwhile
+        # is closed when its last prompt is done, not under it (a closed HTTP session)
+        self._users: dict[int, int] = {}
+        self._retired: dict[int, Any] = {}
 
     def get(self, spec: FactorySpec, role: str) -> Any:
         from beacon.jobs.spec import canonical_json
@@ -180,17 +194,40 @@ class FactoryCache:
         k = canonical_json(spec.to_dict())
         obj = self._objs.get(k)
         if obj is None:
-            obj = spec.build(self.allowed, role=role)
+            obj = spec.build(None if spec.factory in self.trusted else self.allowed, role=role)
             self._objs[k] = obj
             while len(self._objs) > self.max_size:
                 _, old = self._objs.popitem(last=False)
-                _close_soon(old)
+                if self._users.get(id(old)):
+                    self._retired[id(old)] = old  # closed by its last release
+                else:
+                    _close_soon(old)
         else:
             self._objs.move_to_end(k)
         return obj
 
+    def acquire(self, spec: FactorySpec, role: str) -> Any:
+        """:meth:`get`, leased until :meth:`release`: an eviction meanwhile does not close it."""
+        obj = self.get(spec, role)
+        self._users[id(obj)] = self._users.get(id(obj), 0) + 1
+        return obj
+
+    def release(self, obj: Any) -> None:
+        """End a lease of :meth:`acquire`; an object evicted meanwhile is closed by the last."""
+        k = id(obj)
+        n = self._users.get(k, 0) - 1
+        if n > 0:
+            self._users[k] = n
+            return
+        self._users.pop(k, None)
+        old = self._retired.pop(k, None)
+        if old is not None:
+            _close_soon(old)
+
     async def aclose(self) -> None:
         objs, self._objs = list(self._objs.values()), OrderedDict()
+        objs += self._retired.values()
+        self._retired, self._users = {}, {}
         for obj in objs:
             await _aclose(obj)
 
@@ -221,12 +258,24 @@ def _close_soon(obj: Any) -> None:
     t.add_done_callback(_closing.discard)
 
 
-def _bind(obj: Any, record: dict[str, Any]) -> Any:
+def _bind(obj: Any, record: dict[str, Any], spec: FactorySpec, role: str) -> Any:
     bind = getattr(obj, "bind", None)
     # LangChain runnables have an unrelated .bind(**kwargs); only a bind(record) is ours.
-    if callable(bind) and not hasattr(obj, "ainvoke"):
-        return bind(record)
-    return obj
+    if not (callable(bind) and not hasattr(obj, "ainvoke")):
+        return obj
+    try:
+        bound = bind(record)
+    except ConfigError:
+        raise  # already names its field and value (the demo verifier's missing reference)
+    except Exception as exc:
+        # A bind that rejects the record (KeyError('reference')): that prompt's error names
+        # the factory, with no traceback logged for each such prompt
+        raise JobInputError(role, spec.factory, f"its bind(record) raised "
+                                                f"{type(exc).__name__}: {exc}") from exc
+    if bound is None:
+        raise JobInputError(role, spec.factory, "its bind(record) returned None; it must "
+                                                "return what to use for the record")
+    return bound
 
 
 class PromptExecutor:
@@ -235,6 +284,13 @@ class PromptExecutor:
     ``call_concurrency`` bounds model and scorer calls in flight across all prompts run by this
     executor on one event loop. ``max_seconds`` (per call of :meth:`run`) caps the query's wall
     time on top of the spec's budget: the engine stops with ``budget`` and keeps what it has.
+
+    ``offload_sync`` (default True): a *synchronous* generator or scorer (a ``requests`` or
+    ``openai.OpenAI`` client) runs in worker threads, so the prompts run concurrently and the
+    spec's ``timeout`` applies to its calls (one that never returns is abandoned); called
+    inline on the event loop it would run every call of the job one after the other, with no
+    timeout. ``call_concurrency`` bounds those threads: 1 calls a client that must not be
+    called concurrently (a local model) one call at a time. False calls sync callables inline.
     """
 
     def __init__(
@@ -245,6 +301,7 @@ class PromptExecutor:
         call_concurrency: int = 64,
         cache: FactoryCache | None = None,
         observers: Sequence[Observer] = (),
+        offload_sync: bool = True,
     ) -> None:
         if not isinstance(spec, JobSpec):
             raise JobInputError("spec", spec, "must be a JobSpec (JobSpec.from_dict reads a "
@@ -257,6 +314,7 @@ class PromptExecutor:
         self.cache = cache if cache is not None else FactoryCache(allowed)
         self.call_concurrency = call_concurrency
         self.observers = tuple(observers)
+        self.offload_sync = boolean("offload_sync", offload_sync)
         s = spec.sampling
         self.retry = RetryPolicy(max_attempts=int(s.get("max_attempts", 3)))
         self.timeout: float | None = float(s["timeout"]) if "timeout" in s else 60.0
@@ -295,13 +353,27 @@ class PromptExecutor:
         """
         spec = self.spec
         cfg = spec.config if config is None else config
+        in_use: list[Any] = []  # leased from the cache: not closed under this prompt
         try:
-            gen_obj = self.cache.get(spec.generator_for(record), "generator")
-            sco_obj = self.cache.get(spec.scorer_for(record), "scorer")
+            return await self._run(record, key, cfg, max_seconds, observers, in_use)
+        finally:
+            for obj in in_use:
+                self.cache.release(obj)
+
+    async def _run(self, record: PromptRecord, key: str, cfg: BeaconConfig,
+                   max_seconds: float | None, observers: Sequence[Callable[[BeaconEvent], Any]],
+                   in_use: list[Any]) -> Outcome:
+        spec = self.spec
+        try:
+            gen_spec, sco_spec = spec.generator_for(record), spec.scorer_for(record)
+            gen_obj = self.cache.acquire(gen_spec, "generator")
+            in_use.append(gen_obj)
+            sco_obj = self.cache.acquire(sco_spec, "scorer")
+            in_use.append(sco_obj)
             rec = record.to_dict()
             sampler = BeaconSampler(
-                _bind(gen_obj, rec),
-                _bind(sco_obj, rec),
+                _bind(gen_obj, rec, gen_spec, "generator"),
+                _bind(sco_obj, rec, sco_spec, "scorer"),
                 cfg,
                 # The shared semaphore is the global limit; per-prompt slots only need to let
                 # one batch through at once.
@@ -311,6 +383,7 @@ class PromptExecutor:
                 timeout=self.timeout,
                 budget=self._budget(max_seconds),
                 observers=(*self.observers, *observers),
+                offload_sync=self.offload_sync,
             )
         except Exception as exc:
             # A factory that cannot be built, or a bind(record) that rejects this record, fails

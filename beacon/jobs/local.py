@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from beacon._checks import boolean, positive_int
-from beacon._sync import run_sync
+from beacon._sync import call_in_thread, run_sync
 from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
 from beacon.jobs.execute import Outcome, PromptExecutor, line_error_record, prepare_config
@@ -78,8 +78,10 @@ class JobProgress:
     earlier failed lines removed to be run again; ``dpo_rebuilt``: DPO pairs written from the
     candidates kept in earlier output lines; ``dpo_rerun``: earlier ok prompts run again because
     their DPO pair was never written; ``dpo_missing``: earlier ok prompts left without their
-    DPO pair because those reruns were refused (``dpo_rerun=False``); ``last``: the outcome
-    just written (or None)."""
+    DPO pair because those reruns were refused (``dpo_rerun=False``); ``other_lines``: lines
+    of the output that are not this job's (other prompts, or other options: another cost,
+    horizon, factory... gives other keys), left as they are -- counted once the whole input is
+    read; ``last``: the outcome just written (or None)."""
 
     total: int | None = None
     skipped: int = 0
@@ -93,6 +95,7 @@ class JobProgress:
     dpo_rebuilt: int = 0
     dpo_rerun: int = 0
     dpo_missing: int = 0
+    other_lines: int = 0
     last: Outcome | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -132,6 +135,7 @@ class JobSummary:
             "dpo_rebuilt": p.dpo_rebuilt,
             "dpo_rerun": p.dpo_rerun,
             "dpo_missing": p.dpo_missing,
+            "other_lines": p.other_lines,
             "elapsed": self.elapsed,
             "interrupted": self.interrupted,
             "warm_start": self.warm_start,
@@ -181,6 +185,12 @@ def _check_path(name: str, value: Any) -> Path:
     path = Path(raw)
     if path.is_dir():
         raise JobInputError(name, value, "is a directory; give a JSONL file path")
+    if path.exists() and not path.is_file():
+        # /dev/null, a named pipe, <(...): a job reads its files more than once (to count the
+        # prompts, to resume) and syncs its outputs line by line, which these cannot do --
+        # fsync(/dev/null) failed after the first prompt was paid for, a pipe blocked forever
+        raise JobInputError(name, value, "is not a regular file (a device or a pipe); a job "
+                                         "reads its files more than once: give a file path")
     return path
 
 
@@ -188,7 +198,7 @@ def _check_prompts(prompts: Any) -> Path | None:
     """The prompts path (None for an iterable of records); raises for anything else."""
     if isinstance(prompts, str | PathLike):
         path = _check_path("prompts", prompts)
-        if not path.is_file():
+        if not path.exists():
             raise JobInputError("prompts", prompts, "no such file")
         return path
     if isinstance(prompts, bytes | bytearray | Mapping | PromptRecord) \
@@ -273,6 +283,9 @@ async def arun_job(
             cannot be rebuilt from kept candidates (paid model calls). ``False`` leaves them
             without a pair, counted in ``dpo_missing``.
         fsync: sync each line to disk (see :class:`KeyedJsonlWriter`).
+        executor: a :class:`PromptExecutor` of this same ``spec`` to run the prompts with (its
+            factories already built, its ``call_concurrency``); the caller closes it. One of
+            another spec is refused (:class:`~beacon.ConfigError` naming ``executor``).
         warm_start: refit the prior from this job's finished prompts as it runs
             (:class:`~beacon.jobs.warm_start.WarmStart`); ``None`` keeps ``spec.config``.
     """
@@ -301,6 +314,11 @@ async def arun_job(
     fsync = boolean("fsync", fsync)
     if executor is not None and not isinstance(executor, PromptExecutor):
         raise ConfigError("executor", executor, "must be a PromptExecutor or None")
+    if executor is not None and executor.spec.to_dict() != spec.to_dict():
+        # it would run its own spec's factories and config under this spec's keys: results
+        # of another job filed as this one's, skipped as done by every rerun
+        raise ConfigError("executor", executor, "runs another job spec than spec; build it "
+                                                "with PromptExecutor(spec, ...)")
     if warm_start is not None and not isinstance(warm_start, WarmStart):
         raise ConfigError("warm_start", warm_start, "must be a WarmStart or None")
     starter = WarmStarter(warm_start, spec.config) if warm_start is not None else None
@@ -311,7 +329,7 @@ async def arun_job(
         total = len(prompts)
     own_executor = executor is None
     ex = executor or PromptExecutor(spec, allowed=allowed, call_concurrency=call_concurrency)
-    out_w = KeyedJsonlWriter(out, fsync=fsync)
+    out_w = KeyedJsonlWriter(out, fsync=fsync, required="ok")  # every output line has "ok"
     dpo_w = DpoWriter(dpo, fsync=fsync) if dpo is not None else None
     state = JobProgress(total=total)
     tasks: set[asyncio.Task[None]] = set()
@@ -375,7 +393,7 @@ async def arun_job(
             cfg = await asyncio.to_thread(starter.refit, rows)
             if cfg is not old:
                 try:
-                    await asyncio.to_thread(prepare_config, cfg)
+                    await call_in_thread(prepare_config, cfg)
                 except Exception as exc:  # a table that cannot be built: keep the old prior
                     starter.revert(old, exc)
 
@@ -389,7 +407,10 @@ async def arun_job(
         if dpo_w is not None:
             dpo_w.open()
         # Table loading is CPU work in a thread: the caller's loop (progress bar) stays live.
-        await asyncio.to_thread(prepare_config, spec.config)
+        # A daemon thread, abandoned if the run is interrupted: building a new prior's table
+        # takes up to minutes, and Ctrl-C waited for it (asyncio.run joins its executor's
+        # threads); the table cache is written atomically, so nothing half-built is left.
+        await call_in_thread(prepare_config, spec.config)
         # This job's failed lines to retry, DPO pairs missing from an earlier run: file work,
         # in a thread (a one-shot iterable of prompts is read into a list when it is needed).
         one_shot = prompts_path is None and not isinstance(prompts, Sequence)
@@ -416,8 +437,10 @@ async def arun_job(
                 _own_lines, records() if plan.items is None else plan.items, spec, seeds)
             for rw in seed_rewards(own):
                 starter.add(rw)
-            if starter.due():
-                await refit()
+        # A refit due on the resumed prompts is made before the first prompt left to run
+        # starts -- not at all when none is left (a rerun of a finished job used to wait for
+        # a fit and its h-table that no prompt would use, and reported it).
+        seeded_refit = starter is not None and starter.due()
         slots = asyncio.Semaphore(concurrency)
         in_flight: set[str] = set()
 
@@ -463,6 +486,9 @@ async def arun_job(
             if isinstance(item, LineError):
                 keys.add_bad(key, item)
                 continue
+            if seeded_refit:
+                seeded_refit = False
+                await refit()
             await slots.acquire()
             if stopping():
                 slots.release()
@@ -485,6 +511,10 @@ async def arun_job(
         if read_all and not fatal:
             for key, (first, lines) in keys.bad.items():
                 commit(Outcome(key, line_error_record(key, first, lines), None))
+            # Said, not silent: a rerun with a changed option computes every prompt anew
+            # next to the old lines (new keys), and a shared output holds other jobs' lines.
+            mine = sum(1 for k in keys.seen if k in out_w)  # no copy of a big job's keys
+            state = replace(state, other_lines=len(out_w) - mine)
         if fatal:
             raise fatal[0]
         if callback_error:

@@ -3,10 +3,12 @@
 Every record is appended with a single ``write(2)`` on an ``O_APPEND`` descriptor and (by
 default) ``fsync``'d before :meth:`KeyedJsonlWriter.write` returns, so after Ctrl-C or SIGKILL the
 file holds whole lines plus at most one torn final line; after a power loss, at most the last
-records are missing. On open the writer reads the keys already present, cuts a torn (or
-unparsable) final line off, and refuses a file corrupted anywhere else. A key already in the file
-is never written again, which makes reruns and duplicate deliveries harmless. An exclusive
-``flock`` keeps two processes from appending to the same file at once.
+records are missing. On open the writer reads the keys already present, cuts a torn final line
+off (the start of a record, without its newline), and refuses -- leaving it as it is -- a file
+holding any other line that is not a record (corruption, or another program's file given by
+mistake). A key already in the file is never written again, which makes reruns and duplicate
+deliveries harmless. An exclusive ``flock`` keeps two processes from appending to the same file
+at once.
 """
 
 from __future__ import annotations
@@ -82,14 +84,23 @@ class KeyedJsonlWriter:
     on an SSD); ``False`` leaves flushing to the OS, which still survives a killed process.
     """
 
-    def __init__(self, path: str | Path, *, key_field: str = "key", fsync: bool = True) -> None:
+    #: A field every record of this kind of file has (None: any keyed record): a file whose
+    #: records lack it is another kind of file, refused on open (see ``required``).
+    required: str | None = None
+
+    def __init__(self, path: str | Path, *, key_field: str = "key", fsync: bool = True,
+                 required: str | None = None) -> None:
         if not isinstance(path, str | os.PathLike) or not isinstance(os.fspath(path), str) \
                 or not os.fspath(path).strip():
             raise ConfigError("path", path, "must be a non-empty file path (str or os.PathLike)")
         if not isinstance(key_field, str) or not key_field:
             raise ConfigError("key_field", key_field, "must be a non-empty string")
+        if required is not None and (not isinstance(required, str) or not required):
+            raise ConfigError("required", required, "must be a non-empty string or None")
         self.path = Path(path)
         self.key_field = key_field
+        if required is not None:
+            self.required = required
         self.fsync = boolean("fsync", fsync)
         self._keys: set[str] = set()
         self._fd: int | None = None
@@ -258,7 +269,8 @@ class KeyedJsonlWriter:
         if size == 0:
             return
         good_end = 0  # byte offset just past the last valid line
-        bad: tuple[int, str] | None = None  # first invalid whole line (line number, text)
+        bad: tuple[int, str] | None = None  # first invalid line (line number, text)
+        torn = False  # that line is what a write cut short leaves (see _looks_torn)
         lineno = 0
         unterminated = False  # the last record is whole but lacks its newline
         with open(fd, "rb", closefd=False) as fh:
@@ -276,6 +288,15 @@ class KeyedJsonlWriter:
                 except ValueError:
                     obj = None
                 if isinstance(obj, dict) and isinstance(obj.get(self.key_field), str):
+                    if self.required is not None and self.required not in obj:
+                        # a keyed record of another kind: the job's output and DPO file
+                        # swapped -- the rerun dropped the "pairs" without an output line
+                        # (the real output lines) and mixed the two kinds of records
+                        raise OutputError(
+                            f"{self.path} line {lineno} is a record without "
+                            f"{self.required!r}, not a line of this kind of file (the job's "
+                            "output and its DPO file swapped?); the file was left as it is"
+                        )
                     unterminated = not raw.endswith(b"\n")
                     if bad is not None:
                         # A bad line followed by good ones is corruption, not a torn write.
@@ -287,18 +308,47 @@ class KeyedJsonlWriter:
                     good_end = end
                 elif raw.strip() or not raw.endswith(b"\n"):
                     if bad is None:
-                        bad = (lineno, raw.decode("utf-8", "replace"))
+                        bad = (lineno, raw.decode("utf-8", "replace").rstrip("\r\n"))
+                        torn = _looks_torn(raw)
                 else:
                     good_end = end if bad is None else good_end  # blank line: harmless
                 offset = end
+        if bad is not None and not (bad[0] == lineno and torn):
+            # Whole lines that are not records: another file (a prompts file, a dataset, a
+            # CSV given as --out by mistake) or a damaged one -- never cut, it is not ours.
+            raise OutputError(
+                f"{self.path} line {bad[0]} is not a JSON record with a {self.key_field!r}: "
+                f"{bad[1][:200]!r}; is it the output of another program? The file was left "
+                "as it is: give another file name, or fix or remove that line"
+            )
         if good_end < size:
-            # Only the tail after the last good record is cut: it can only be a torn append.
+            # Only the tail after the last good record is cut: a torn append.
             self.recovered_bytes = size - good_end
             os.ftruncate(fd, good_end)
             os.fsync(fd)
         elif unterminated:
             os.write(fd, b"\n")  # O_APPEND: the next record starts on its own line
             os.fsync(fd)
+
+
+def _looks_torn(raw: bytes) -> bool:
+    """Whether a line that is not a record is what an interrupted append leaves at the end of
+    the file: no newline (a record is written with its newline in one ``write``), and either a
+    start of a JSON object that does not parse or nothing but whitespace and NUL bytes (the
+    unwritten blocks of a power loss). A line that parses (a one-line JSON file without its
+    newline) or starts otherwise (a CSV, plain text) is some other file's content."""
+    if raw.endswith(b"\n"):
+        return False
+    body = raw.strip(b" \t\r\x00")
+    if not body:
+        return True
+    if not body.startswith(b"{"):
+        return False
+    try:
+        json.loads(body)
+    except ValueError:
+        return True
+    return False
 
 
 def _fsync_dir(path: Path) -> None:

@@ -26,6 +26,7 @@ import importlib
 import json
 import math
 import re
+import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,10 +64,22 @@ _RECORD_FIELDS = ("id", "prompt", "reference", "metadata", "generator", "scorer"
 _MAX_SHOWN = 120
 
 
-def _short(value: Any) -> Any:
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _MAX_SHOWN
+
+
+def _short(value: Any, *, containers: bool = False) -> Any:
     # Error messages quote the offending value; a 50 kB prompt would drown the message.
-    if isinstance(value, str) and len(value) > _MAX_SHOWN:
-        return value[:_MAX_SHOWN] + "..."
+    if isinstance(value, str):
+        return value[:_MAX_SHOWN] + "..." if len(value) > _MAX_SHOWN else value
+    if containers and isinstance(value, Mapping | list | tuple):
+        # A 5 MB message list or metadata object of an input line, too: quoted whole (in the
+        # message and in "value"), its error line was twice the size of the input line.
+        shown = _REPR.repr(value)
+        if len(shown) > _MAX_SHOWN:
+            return shown[:_MAX_SHOWN] + "..."
+        if len(repr(value)) > _MAX_SHOWN:
+            return shown
     return value
 
 
@@ -82,7 +95,7 @@ class JobInputError(ConfigError):
         line: int | None = None,
         source: str | None = None,
     ) -> None:
-        super().__init__(field, _short(value), reason)
+        super().__init__(field, _short(value, containers=line is not None), reason)
         self.line = line
         self.source = source
         if line is not None:
@@ -295,10 +308,21 @@ class FactorySpec:
         if not callable(obj):
             raise JobInputError(role, self.factory, "is not callable")
         try:
-            return obj(**self.kwargs)
+            built = obj(**self.kwargs)
         except TypeError as exc:
             raise JobInputError(f"{role}.kwargs", dict(self.kwargs),
                                 f"rejected by {self.factory}: {exc}") from exc
+        except ConfigError:
+            raise  # already names its field and value
+        except Exception as exc:
+            # A missing API key, an unreachable server...: typed, naming the factory (a bare
+            # KeyError('OPENAI_API_KEY') said neither what failed nor where)
+            raise JobInputError(role, self.factory,
+                                f"building it raised {type(exc).__name__}: {exc}") from exc
+        if built is None:
+            raise JobInputError(role, self.factory, "returned None; a factory must return the "
+                                                    "generator or scorer object")
+        return built
 
 
 # -- prompt records --------------------------------------------------------------------------
