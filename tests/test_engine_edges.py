@@ -315,6 +315,11 @@ def _gen_scorer(prompt: Any, text: str) -> Any:
     yield 1.0
 
 
+async def _agen_batch_scorer(prompt: Any, texts: list[str]) -> Any:
+    for _ in texts:
+        yield 1.0
+
+
 class _StreamingModel:
     async def __call__(self, prompt: Any) -> Any:
         yield "chunk"
@@ -324,7 +329,7 @@ class _StreamingModel:
     ("generate", _agen_model, lambda p, t: 0.5),
     ("generate", _StreamingModel(), lambda p, t: 0.5),
     ("score", lambda p: "x", _gen_scorer),
-    ("score", lambda p: "x", BatchScorer(_gen_scorer)),
+    ("score", lambda p: "x", BatchScorer(_agen_batch_scorer)),
 ])
 def test_a_generator_function_as_model_or_scorer_is_a_config_type_error(
     field: str, generate: Any, score: Any,
@@ -491,8 +496,6 @@ async def test_a_batched_scorer_returning_awaitables_is_awaited_as_one_call() ->
             raise beacon.TransientError("judge overloaded")
         return 0.5
 
-    from beacon.retry import RetryPolicy
-
     res2 = await BeaconSampler(
         gen, BatchScorer(lambda p, ts: [flaky(p, t) for t in ts]), cfg,
         retry=RetryPolicy(max_attempts=3, base_delay=0.0, jitter=0.0),
@@ -516,3 +519,72 @@ async def test_an_exception_value_beside_awaitables_still_fails_only_its_sample(
     first = res.candidates[0]
     assert first.failed and "unjudgeable" in (first.error or "")
     assert [c.reward for c in res.candidates[1:3]] == [1.0, 1.0]
+
+
+async def test_a_batched_scorer_may_yield_its_rewards() -> None:
+    # A batched scorer may return a generator of rewards, so a generator function is one too
+    # (the refusal of generator functions as scorers had taken it away).
+    def rewards(prompt: Any, texts: list[str]) -> Any:
+        for t in texts:
+            yield float(len(t))
+
+    async def gen(prompt: Any) -> str:
+        return "ab"
+
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=8, family="normal")
+    for score in (BatchScorer(rewards), rewards):
+        if score is rewards:
+            rewards.batched = True  # type: ignore[attr-defined]
+        res = await BeaconSampler(gen, score, cfg).arun("q")
+        assert res.n_failed == 0 and [c.reward for c in res.candidates][:3] == [2.0] * 3
+
+
+async def test_the_timeout_bounds_the_awaitables_a_batched_sync_scorer_returns() -> None:
+    # lambda p, ts: [judge(p, t) for t in ts] with a judge that never answers hung the query:
+    # the per-call timeout did not apply to the awaitables of an inline sync scorer.
+    async def judge(prompt: Any, text: str) -> float:
+        await asyncio.Event().wait()
+        return 1.0
+
+    async def gen(prompt: Any) -> str:
+        return "x"
+
+    cfg = beacon.BeaconConfig(cost=0.1, horizon=8, family="normal", batch_size=2)
+    sampler = BeaconSampler(gen, BatchScorer(lambda p, ts: [judge(p, t) for t in ts]), cfg,
+                            timeout=0.05, retry=RetryPolicy(max_attempts=1))
+    res = await asyncio.wait_for(sampler.arun("q"), 60)
+    assert res.stop_reason == "error" and res.best is None
+    assert all("TimeoutError" in (c.error or "") for c in res.candidates)
+
+
+def test_a_sync_scorer_running_a_nested_query_of_its_sampler_under_nest_asyncio_finishes(
+) -> None:
+    # Jupyter-style re-entrance (nest_asyncio): a sync scorer that runs a query of the same
+    # sampler with asyncio.run. Once the sync scorer took a scorer slot, nested levels held
+    # every slot and the innermost scorer waited forever for one.
+    pytest.importorskip("nest_asyncio")
+    code = textwrap.dedent(
+        """
+        import asyncio, faulthandler
+        faulthandler.dump_traceback_later(100, exit=True)
+        import nest_asyncio; nest_asyncio.apply()
+        from beacon import BeaconConfig
+        from beacon.engine import BeaconSampler
+
+        async def gen(p):
+            await asyncio.sleep(0.001)
+            return "x" * (len(str(p)) % 5 + 1)
+
+        def judge(p, t):
+            if str(p).startswith("outer"):
+                return float(asyncio.run(s.arun("inner" + t)).best.reward)
+            return float(len(t))
+
+        s = BeaconSampler(gen, judge, BeaconConfig(cost=0.05, horizon=6), max_concurrency=16)
+        rs = asyncio.run(s.arun_many([f"outer{i}" for i in range(10)]))
+        print("done", len(rs))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "done 10", proc.stderr[-3000:]

@@ -254,12 +254,13 @@ def make_generate(generate: Any, *, offload_sync: bool = False) -> GenerateFn:
     return via_call
 
 
-def _not_a_generator(name: str, fn: Any, returns: str) -> None:
+def _not_a_generator(name: str, fn: Any, returns: str, *, sync_ok: bool = False) -> None:
     """A generator function (``yield``, async or not) as ``fn`` is a ConfigTypeError: its call
-    returns a generator, never an answer, so every sample would fail."""
+    returns a generator, never an answer, so every sample would fail. ``sync_ok``: a plain
+    generator is an answer (a batched scorer may yield its rewards one by one)."""
     inner = fn.fn if isinstance(fn, BatchScorer) else fn
     for f in (inner, getattr(inner, "__call__", None)):  # noqa: B004 - instances too
-        if inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f):
+        if inspect.isasyncgenfunction(f) or (inspect.isgeneratorfunction(f) and not sync_ok):
             raise ConfigTypeError(
                 name, fn,
                 f"is a generator function (it yields): it must return {returns}; "
@@ -271,8 +272,8 @@ def is_inline_sync(fn: Any, *, offload_sync: bool = False) -> bool:
     """A synchronous callable the engine calls inline on the loop (not offloaded).
 
     Such a call cannot be interrupted by a timeout, and it never yields to the loop, so the
-    engine skips the timeout for it; its concurrency slot is taken without waiting unless a
-    rate limiter or an awaitable it returns holds the slots (the rate limiter still applies).
+    engine skips the timeout and the concurrency slot for it (the rate limiter still applies);
+    an awaitable it returns is awaited within both (:func:`make_score`'s ``late_slot``).
     """
     inner = fn.fn if isinstance(fn, BatchScorer) else fn
     return (
@@ -378,19 +379,24 @@ async def _gather_rewards(vals: list[Any]) -> list[Any]:
 
 
 def make_score(
-    score: Any, *, offload_sync: bool = False, late_timeout: float | None = None
+    score: Any, *, offload_sync: bool = False, late_timeout: float | None = None,
+    late_slot: Callable[[], asyncio.Semaphore | None] | None = None,
 ) -> tuple[ScoreFn, bool]:
     """``(fn, batched)``: an async ``(prompt, texts) -> rewards`` and whether it batches.
 
     For a single scorer ``fn`` takes a one-element list (the engine scores samples one by one).
     Rewards are returned as given (the engine makes each one a reward, see
-    :func:`reward_rule`). ``late_timeout`` bounds the await when a synchronous scorer (run
-    inline, see :func:`is_inline_sync`) unexpectedly returns an awaitable.
+    :func:`reward_rule`). When a synchronous scorer (run inline, see :func:`is_inline_sync`)
+    returns an awaitable (``lambda p, t: judge(p, t)``), or a batched one a list of them, the
+    await is bounded by ``late_timeout`` and holds a slot of ``late_slot()`` (the current
+    loop's scorer slots; ``None``: none). The synchronous part itself never waits for a slot:
+    it may run a nested query of the same sampler, whose scorer would wait for slots that the
+    frames below it hold.
     """
     if not callable(score):
         raise ConfigTypeError("score", score, "must be a callable (prompt, response) -> reward")
-    _not_a_generator("score", score, "its reward(s)")
     batched = is_batched(score)
+    _not_a_generator("score", score, "its reward(s)", sync_ok=batched)
     thread = offload_sync and not _is_async_callable(score) and not (
         isinstance(score, BatchScorer) and _is_async_callable(score.fn)
     )
@@ -402,14 +408,21 @@ def make_score(
         else:
             out = score(prompt, arg)
         if _awaitable(out):
-            out = await within(late_timeout, out, "scorer")
+            out = await late(out)
         return out
+
+    async def late(aw: Awaitable[Any]) -> Any:
+        sem = late_slot() if late_slot is not None else None
+        if sem is None:
+            return await within(late_timeout, aw, "scorer")
+        async with sem:
+            return await within(late_timeout, aw, "scorer")
 
     if batched:
         async def batch_fn(prompt: Any, texts: list[str]) -> list[float]:
             vals = batch_rewards(await call(prompt, texts), len(texts))
             if any(_awaitable(v) for v in vals):
-                vals = await _gather_rewards(vals)
+                vals = await late(_gather_rewards(vals))
             return vals
         return batch_fn, True
 
@@ -421,6 +434,6 @@ def make_score(
     async def single_fn(prompt: Any, texts: list[str]) -> list[float]:
         out = score(prompt, texts[0])
         if _awaitable(out):
-            out = await within(late_timeout, out, "scorer")
+            out = await late(out)
         return [out]
     return single_fn, False

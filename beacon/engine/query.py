@@ -53,6 +53,9 @@ class EngineContext:
     cfg_dict: dict[str, Any]
     # caps already warned about (BudgetNotEnforcedWarning): the sampler's set, shared by loops
     budget_warned: set[str]
+    # the scorer slots an awaitable returned by an inline sync scorer is awaited under
+    # (score_guard has none for such a scorer: its synchronous part never waits for a slot)
+    late_score_slot: asyncio.Semaphore | None = None
 
 
 def _err(exc: BaseException) -> str:

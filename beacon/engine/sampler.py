@@ -188,7 +188,8 @@ class BeaconSampler:
         self._score_obj = score
         self._generate = make_generate(generate, offload_sync=offload_sync)
         self._score, self._batched = make_score(
-            score, offload_sync=offload_sync, late_timeout=_timeout("timeout", timeout)
+            score, offload_sync=offload_sync, late_timeout=_timeout("timeout", timeout),
+            late_slot=self._late_score_slot,
         )
         self._reward = reward_rule(score)
         self._score_inline = is_inline_sync(score, offload_sync=offload_sync)
@@ -417,6 +418,9 @@ class BeaconSampler:
             await asyncio.gather(*workers, close_task, return_exceptions=True)
 
     # -- internals ------------------------------------------------------------------------------
+    def _late_score_slot(self) -> asyncio.Semaphore | None:
+        return self._context().late_score_slot
+
     def _context(self) -> EngineContext:
         # Semaphores bind to the loop they are first used on, and run() may start a new loop
         # per call, so the shared limits are kept per event loop.
@@ -441,17 +445,19 @@ class BeaconSampler:
                     asyncio.Semaphore(self.max_concurrency), self.rate_limiter, self.timeout,
                     self.retry, self._rng, self.before_model_call,
                 ),
-                # A slot even for an inline sync scorer: uncontended, taking it never yields,
-                # and a sync scorer that returns an awaitable (``lambda p, t: judge(p, t)``)
-                # is awaited under it, so max_score_concurrency bounds it too.
                 score_guard=CallGuard(
-                    asyncio.Semaphore(self.max_score_concurrency),
+                    None if self._score_inline else asyncio.Semaphore(self.max_score_concurrency),
                     self.rate_limiter, None if self._score_inline else self.timeout, self.retry,
                     self._rng,
                 ),
                 budget=self.budget,
                 cfg_dict=self._cfg.to_dict(),
                 budget_warned=self._budget_warned,
+                # an inline sync scorer's returned awaitable (``lambda p, t: judge(p, t)``)
+                # is awaited under these slots, so max_score_concurrency bounds it too
+                late_score_slot=(
+                    asyncio.Semaphore(self.max_score_concurrency) if self._score_inline else None
+                ),
             )
             self._per_loop[loop] = ctx
         return ctx
