@@ -146,19 +146,67 @@ def stuck():
 """
 
 
-def test_sync_generator_calls_run_concurrently(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sync client (requests, openai.OpenAI) was called inline on the event loop: every
-    call of the job ran one after the other, whatever the concurrency options said."""
+def test_sync_generator_calls_run_concurrently_with_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync client (requests, openai.OpenAI) could only be called inline on the event loop:
+    every call of the job ran one after the other, whatever the concurrency options said.
+    ``offload_sync=True`` (``beacon run --threads``) runs its calls in threads."""
     import importlib
 
     mod = _module(tmp_path, monkeypatch, "blocking_overlap", _BLOCKING)
     prompts = _write_prompts(tmp_path / "p.jsonl", 2)
     spec = JobSpec(FactorySpec(f"{mod}:overlapping"), FactorySpec("beacon.demo:scorer"),
                    beacon.BeaconConfig(cost=0.05, horizon=4))
-    s = run_job(prompts, spec, tmp_path / "o.jsonl", concurrency=2)
+    s = run_job(prompts, spec, tmp_path / "o.jsonl", concurrency=2, offload_sync=True)
     assert s.progress.done == 2
     assert importlib.import_module(mod).overlapped == [True]
+
+
+_MAIN_THREAD = """
+import threading
+
+threads = set()
+
+
+def score(prompt, text):
+    threads.add(threading.current_thread() is threading.main_thread())
+    return float(len(text))
+
+
+def scorer():
+    return score
+"""
+
+
+@pytest.mark.parametrize("cli", [False, True])
+def test_sync_calls_stay_on_the_main_thread_unless_threads_are_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: bool
+) -> None:
+    # Threads by default broke thread-unsafe clients (a local model) and scorers that need the
+    # main thread (signal-based timeouts, as math-verify's): they are opt-in.
+    import importlib
+
+    mod = _module(tmp_path, monkeypatch, f"main_thread_{int(cli)}", _MAIN_THREAD)
+    prompts = _write_prompts(tmp_path / "p.jsonl", 3)
+    out = tmp_path / "o.jsonl"
+    if cli:
+        from typer.testing import CliRunner
+
+        from beacon.cli import app
+
+        for extra, want in (([], {True}), (["--threads"], {False})):
+            importlib.import_module(mod).threads.clear()
+            res = CliRunner().invoke(app, ["run", str(prompts), "-g", "beacon.demo:generator",
+                                           "-s", f"{mod}:scorer", "-o", str(out), *extra])
+            assert res.exit_code == 0, res.output
+            assert importlib.import_module(mod).threads == want
+            out.unlink()
+    else:
+        spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec(f"{mod}:scorer"),
+                       beacon.BeaconConfig(cost=0.05, horizon=4))
+        assert run_job(prompts, spec, out).progress.done == 3
+        assert importlib.import_module(mod).threads == {True}
 
 
 def test_sync_generator_that_blocks_is_timed_out(tmp_path: Path,
@@ -174,7 +222,7 @@ def test_sync_generator_that_blocks_is_timed_out(tmp_path: Path,
                    {"timeout": 0.5, "max_attempts": 1})
     out = tmp_path / "o.jsonl"
     try:
-        s = run_job(prompts, spec, out)
+        s = run_job(prompts, spec, out, offload_sync=True)
     finally:
         importlib.import_module(mod).release.set()  # let the abandoned threads end
     assert (s.progress.done, s.progress.failed) == (0, 1)

@@ -374,7 +374,7 @@ def _factory_option(role: str, fs: FactorySpec, exc: ConfigError) -> str:
 
 async def _run_local(
     prompts: Path, spec: JobSpec, out: Path, *, allowed: tuple[str, ...],
-    call_concurrency: int, **kwargs: Any,
+    call_concurrency: int, offload_sync: bool, **kwargs: Any,
 ) -> JobSummary:
     """``arun_job`` with the job's own factories built first, once, in the loop that uses them.
 
@@ -389,7 +389,8 @@ async def _run_local(
     from beacon.jobs.local import arun_job
 
     cache = FactoryCache(allowed, trusted=(spec.generator.factory, spec.scorer.factory))
-    ex = PromptExecutor(spec, allowed=allowed, call_concurrency=call_concurrency, cache=cache)
+    ex = PromptExecutor(spec, allowed=allowed, call_concurrency=call_concurrency, cache=cache,
+                        offload_sync=offload_sync)
     try:
         for role, fs in (("generator", spec.generator), ("scorer", spec.scorer)):
             try:
@@ -431,6 +432,15 @@ def run_command(
             help="Model and scorer calls in flight at once, over all prompts.",
         ),
     ] = 64,
+    threads: Annotated[
+        bool,
+        typer.Option(
+            "--threads",
+            help="Call a synchronous generator/scorer in worker threads (up to "
+            "--call-concurrency at once): prompts run concurrently and --timeout applies. "
+            "The client must be thread-safe; without it sync calls run one at a time.",
+        ),
+    ] = False,
     timeout: TimeoutOpt = None,
     max_attempts: AttemptsOpt = None,
     max_seconds: MaxSecondsOpt = None,
@@ -571,6 +581,7 @@ def run_command(
                     dpo=dpo,
                     concurrency=concurrency,
                     call_concurrency=call_concurrency,
+                    offload_sync=threads,
                     allowed=_local_allow_list(spec),
                     progress=on_progress,
                     retry_failed=retry_failed,

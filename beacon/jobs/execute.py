@@ -285,12 +285,14 @@ class PromptExecutor:
     executor on one event loop. ``max_seconds`` (per call of :meth:`run`) caps the query's wall
     time on top of the spec's budget: the engine stops with ``budget`` and keeps what it has.
 
-    ``offload_sync`` (default True): a *synchronous* generator or scorer (a ``requests`` or
-    ``openai.OpenAI`` client) runs in worker threads, so the prompts run concurrently and the
-    spec's ``timeout`` applies to its calls (one that never returns is abandoned); called
-    inline on the event loop it would run every call of the job one after the other, with no
-    timeout. ``call_concurrency`` bounds those threads: 1 calls a client that must not be
-    called concurrently (a local model) one call at a time. False calls sync callables inline.
+    ``offload_sync``: call a *synchronous* generator or scorer (a ``requests`` or
+    ``openai.OpenAI`` client) in worker threads, so the prompts run concurrently and the spec's
+    ``timeout`` applies to its calls (one that never returns is abandoned), up to
+    ``call_concurrency`` threads at once. Off by default: such a client must then be safe to
+    call from many threads at once, and off the main thread (math-verify's own timeouts, any
+    ``signal`` handler, need the main thread); inline, every sync call of the job runs one
+    after the other on the event loop, with no timeout (an async client runs concurrently
+    either way).
     """
 
     def __init__(
@@ -301,7 +303,7 @@ class PromptExecutor:
         call_concurrency: int = 64,
         cache: FactoryCache | None = None,
         observers: Sequence[Observer] = (),
-        offload_sync: bool = True,
+        offload_sync: bool = False,
     ) -> None:
         if not isinstance(spec, JobSpec):
             raise JobInputError("spec", spec, "must be a JobSpec (JobSpec.from_dict reads a "

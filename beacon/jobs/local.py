@@ -260,6 +260,7 @@ async def arun_job(
     fsync: bool = True,
     executor: PromptExecutor | None = None,
     warm_start: WarmStart | None = None,
+    offload_sync: bool = False,
 ) -> JobSummary:
     """Run ``spec`` on every prompt; resumable (see the module docstring).
 
@@ -288,6 +289,8 @@ async def arun_job(
             another spec is refused (:class:`~beacon.ConfigError` naming ``executor``).
         warm_start: refit the prior from this job's finished prompts as it runs
             (:class:`~beacon.jobs.warm_start.WarmStart`); ``None`` keeps ``spec.config``.
+        offload_sync: call a synchronous generator/scorer in worker threads (see
+            :class:`PromptExecutor`; ignored with ``executor``, which has its own).
     """
     # Every argument is checked here, before a file is opened or a model is called.
     if not isinstance(spec, JobSpec):
@@ -328,7 +331,9 @@ async def arun_job(
     if total is None and isinstance(prompts, Sequence):
         total = len(prompts)
     own_executor = executor is None
-    ex = executor or PromptExecutor(spec, allowed=allowed, call_concurrency=call_concurrency)
+    offload_sync = boolean("offload_sync", offload_sync)
+    ex = executor or PromptExecutor(spec, allowed=allowed, call_concurrency=call_concurrency,
+                                    offload_sync=offload_sync)
     out_w = KeyedJsonlWriter(out, fsync=fsync, required="ok")  # every output line has "ok"
     dpo_w = DpoWriter(dpo, fsync=fsync) if dpo is not None else None
     state = JobProgress(total=total)
