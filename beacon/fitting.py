@@ -28,8 +28,9 @@ fourth moment of sigma (alpha0 > 2) and break down exactly for the heavy-tailed 
 populations that real reward models produce. ``method="moments"`` (below) is kept as the
 optimiser's starting point and as a cross-check, and is the fallback where the marginal
 likelihood has no maximum: a prompt whose rewards are all identical has an evidence that grows
-without bound at mu0 = its mean as beta0 -> 0, and on a log of few prompts the others do not
-outweigh it (``fitted_on["method"]`` then says ``moments`` and ``fitted_on["note"]`` why).
+without bound at mu0 = its mean as beta0 -> 0, and where the other prompts do not outweigh
+such prompts (one among a few, or many among many) the maximum is at beta0's bound
+(``fitted_on["method"]`` then says ``moments`` and ``fitted_on["note"]`` why).
 
 Bounds: alpha0 in [1/2, 100] (at 1/2 the predictive after one reward has 2 alpha0 + 1 = 2 degrees
 of freedom, the same as Jeffreys' prior at its k0 = 3, so the h-tables never see heavier tails
@@ -391,7 +392,7 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str]:
         if theta[3] < math.log(_BETA0_Z_BOUNDS[0]) + 1e-3:
             # A prompt whose rewards are all identical (or equal up to float noise) has an
             # unbounded evidence at mu0 = its mean as beta0 -> 0; when the other prompts
-            # cannot outweigh it (few prompts) the maximum is that spike at beta0's bound, a
+            # cannot outweigh them the maximum is that spike at beta0's bound, a
             # prior that says rewards do not vary. The moment estimates have no such spike.
             theta = np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)])
             method = "moments"

@@ -80,7 +80,10 @@ def test_a_file_that_is_not_a_job_output_is_refused_and_left_intact(
 
 def test_torn_tails_are_still_cut_off(tmp_path: Path) -> None:
     """What a killed append or a power loss leaves at the end is still recovered."""
-    for tail in (b'{"key": "c", "v":', b'{"ke', b"\x00\x00\x00\x00", b"   "):
+    # the last: a power loss left the first block of the final append unwritten (zeros) and
+    # its end, newline included, on disk
+    for tail in (b'{"key": "c", "v":', b'{"ke', b"\x00\x00\x00\x00", b"   ",
+                 b"\x00" * 8 + b'"v": 1}\n'):
         p = tmp_path / "out.jsonl"
         p.write_bytes(b'{"key": "a"}\n' + tail)
         with KeyedJsonlWriter(p) as w:
@@ -97,7 +100,6 @@ def test_torn_tails_are_still_cut_off(tmp_path: Path) -> None:
         KeyedJsonlWriter(p).open()
     assert p.read_bytes() == b'{"key": "a"}\n{"note": "added by hand"}\n'
     assert [r["key"] for r in read_jsonl(tmp_path / "out.jsonl") if "key" in r] == ["a"]
-
 
 
 def _module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> str:
@@ -468,6 +470,36 @@ def test_dpo_pairs_of_chat_prompts_are_in_trls_conversational_format(tmp_path: P
     # a text prompt keeps plain strings (TRL's standard format)
     assert pairs["text"]["chosen"] == lines["text"]["best"]
     assert isinstance(pairs["text"]["rejected"], str)
+
+
+def test_a_dpo_file_keeps_the_chat_format_it_was_begun_in(tmp_path: Path) -> None:
+    # A chat job resumed by this version on a DPO file begun by an older one (plain-string
+    # sides), or pairs of old workers collected into a new file, mixed strings and message
+    # lists in one column, which a dataset loader cannot read.
+    from beacon.jobs.dpo import DpoWriter
+
+    chat = [{"role": "user", "content": "hi"}]
+    old_pair = {"key": "k1", "id": 1, "prompt": chat, "chosen": "a", "rejected": "b"}
+    new_pair = {"key": "k2", "id": 2, "prompt": chat,
+                "chosen": [{"role": "assistant", "content": "c"}],
+                "rejected": [{"role": "assistant", "content": "d"}]}
+    text_pair = {"key": "k3", "id": 3, "prompt": "plain", "chosen": "e", "rejected": "f"}
+
+    old_file = tmp_path / "old.jsonl"
+    old_file.write_text(json.dumps(old_pair) + "\n")
+    with DpoWriter(old_file) as w:
+        assert w.write_pair(new_pair) and w.write_pair(text_pair)
+    rows = {r["key"]: r for r in read_jsonl(old_file)}
+    assert (rows["k2"]["chosen"], rows["k2"]["rejected"]) == ("c", "d")
+    assert rows["k3"]["chosen"] == "e"
+
+    new_file = tmp_path / "new.jsonl"
+    with DpoWriter(new_file) as w:
+        assert w.write_pair(new_pair) and w.write_pair(old_pair)
+    rows = {r["key"]: r for r in read_jsonl(new_file)}
+    assert rows["k1"]["chosen"] == [{"role": "assistant", "content": "a"}]
+    assert rows["k1"]["rejected"] == [{"role": "assistant", "content": "b"}]
+    assert rows["k2"]["chosen"] == new_pair["chosen"]
 
 
 # -- an interruption does not wait for a table build ----------------------------------------------

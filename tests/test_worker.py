@@ -1098,6 +1098,78 @@ def test_a_redis_blip_while_storing_does_not_run_the_prompt_again(
     assert store.status(job_id).done == 1
 
 
+def test_redis_outages_while_storing_are_not_counted_as_dead_worker_processes(
+    tier: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis down past the store's patience, three times, while a finished outcome was stored
+    (and the run's end could not be counted either): the task's own retries then failed the
+    prompt as "the worker process ... died 3 time(s)" (LostRunsError) with no result stored,
+    although no process died. The retries are not counted as lost runs."""
+    import redis
+
+    import worker.tasks as tasks
+    from beacon.jobs import PromptRecord
+    from beacon.jobs.keys import prompt_key
+    from worker.state import JobStore
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    job_id = f"{PREFIX}-outages"
+    rec = PromptRecord("outage", "a prompt stored during outages", line=1)
+    key = prompt_key(rec, spec)
+    store = tasks.get_store()
+    ref = store.create(job_id, spec.to_dict(), source="outages")
+    store.add_prompts(job_id, [(key, {"record": rec.to_dict(), "line": 1, "spec": ref})])
+    assert tasks.settings.max_lost_runs > 0
+    outages = [tasks.settings.max_lost_runs]  # as many outages as the lost-run limit
+    original_store, original_end = JobStore.store_result, JobStore.end_run
+
+    def down_store(self: Any, *a: Any, **kw: Any) -> Any:
+        if outages[0] > 0:
+            raise redis.exceptions.ConnectionError("Redis down (an outage)")
+        return original_store(self, *a, **kw)
+
+    def down_end(self: Any, *a: Any, **kw: Any) -> Any:
+        if outages[0] > 0:
+            outages[0] -= 1  # the outage ends after the run's end could not be counted
+            raise redis.exceptions.ConnectionError("Redis down (an outage)")
+        return original_end(self, *a, **kw)
+
+    monkeypatch.setattr(tasks, "SAVE_PATIENCE", 0.0)  # each outage outlasts the patience
+    monkeypatch.setattr(JobStore, "store_result", down_store)
+    monkeypatch.setattr(JobStore, "end_run", down_end)
+    out = tasks.run_prompt.apply(args=[job_id, key, rec.to_dict(), 1, ref])
+    assert out.get(propagate=True) == "ok"
+    assert outages == [0] and store.has_result(job_id, key)
+    assert store.status(job_id).failed == 0
+
+
+def test_a_message_from_this_store_costs_no_store_id_read(
+    tier: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store id a message names was read afresh from Redis for every message (the tuple
+    of cached and fresh ids was built eagerly): one more round trip per prompt."""
+    import worker.tasks as tasks
+    from worker.state import JobStore
+
+    store = tasks.get_store()
+    headers = {tasks.HEADER_PREFIX: store.prefix, tasks.HEADER_STORE: store.store_id()}
+    fresh_reads: list[bool] = []
+    original = JobStore.store_id
+
+    def counting(self: Any, *, create: bool = True, fresh: bool = False) -> str | None:
+        fresh_reads.append(fresh)
+        return original(self, create=create, fresh=fresh)
+
+    monkeypatch.setattr(JobStore, "store_id", counting)
+    for _ in range(3):
+        assert tasks._store_for_message("any-job", headers) is store
+    assert True not in fresh_reads
+    with pytest.raises(tasks.ForeignStoreError):  # another store's id is read again, refused
+        tasks._store_for_message("any-job", {**headers, tasks.HEADER_STORE: "not-this-one"})
+    assert fresh_reads.count(True) == 1
+
+
 def test_a_retried_failed_prompt_is_pending_until_its_retry_ends(
     tier: SimpleNamespace, tmp_path: Path
 ) -> None:

@@ -208,9 +208,10 @@ def _store_for_message(job_id: str, headers: Mapping[str, Any]) -> JobStore:
                 _prefixed[prefix] = JobStore(base.url, prefix=prefix, ttl=base.ttl,
                                              client=base.r)
             st = _prefixed[prefix]
-    # The id read first is cached; a mismatch is read again (the store may have a new one).
-    if want is not None and want not in (st.store_id(create=False),
-                                         st.store_id(create=False, fresh=True)):
+    # The id read first is cached; only a mismatch is read again (the store may have a new
+    # one): one GET per process, not per message.
+    if want is not None and want != st.store_id(create=False) \
+            and want != st.store_id(create=False, fresh=True):
         raise ForeignStoreError(
             "BEACON_STATE_URL", _url_label(base.url),
             f"job {job_id!r} lives in the submitter's state store (BEACON_KEY_PREFIX="
@@ -421,7 +422,12 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
     # time limit) never reaches the ``finally`` below: its count stays. Celery redelivers such
     # a message at once (task_reject_on_worker_lost) and the sweeper resends one acknowledged
     # by the hard limit, so without a bound a prompt that kills its worker runs forever.
-    lost = store.start_run(job_id, key) - 1
+    # An earlier attempt of this message that raised for a retry (autoretry: Redis down while
+    # it stored its outcome) did not die, but its decrement may have been lost with Redis:
+    # each such attempt is taken off the count, so an outage is never called a dead process.
+    retried = getattr(self.request, "retries", 0)
+    retried = retried if isinstance(retried, int) and retried > 0 else 0
+    lost = max(0, store.start_run(job_id, key) - 1 - retried)
     if settings.max_lost_runs and lost >= settings.max_lost_runs:
         why = LostRunsError(
             "BEACON_MAX_LOST_RUNS", settings.max_lost_runs,

@@ -76,11 +76,39 @@ def _text_reward(side: Any) -> tuple[Any, float]:
 
 class DpoWriter(KeyedJsonlWriter):
     """:class:`KeyedJsonlWriter` for DPO records (one pair per job key at most); a file whose
-    records have no ``chosen`` (a job's output given as the DPO file) is refused on open."""
+    records have no ``chosen`` (a job's output given as the DPO file) is refused on open.
+
+    A chat prompt's ``chosen`` / ``rejected`` are written as the file already has them: one
+    assistant message each (TRL's conversational format, for a new file) or, in a file begun
+    by an older version, plain strings, so one file never mixes the two (a dataset loader
+    needs one type per column)."""
 
     def __init__(self, path: str | Path, *, fsync: bool = True) -> None:
+        self._chat_as_messages: bool | None = None  # None: no chat pair in the file yet
         super().__init__(path, key_field="key", fsync=fsync, required="chosen")
+
+    def _seen(self, record: dict[str, Any]) -> None:
+        if self._chat_as_messages is None and _is_chat(record.get("prompt")):
+            self._chat_as_messages = isinstance(record.get("chosen"), list)
+
+    def write(self, record: Mapping[str, Any]) -> bool:
+        if _is_chat(record.get("prompt")):
+            as_messages = self._chat_as_messages is not False
+            record = {**record, **{side: _chat_side(record.get(side), as_messages)
+                                   for side in ("chosen", "rejected") if side in record}}
+            self._chat_as_messages = as_messages
+        return super().write(record)
 
     def write_pair(self, record: Mapping[str, Any] | None) -> bool:
         """Write a :func:`dpo_record` result; None (no preference) writes nothing."""
         return False if record is None else self.write(record)
+
+
+def _chat_side(side: Any, as_messages: bool) -> Any:
+    """A chat pair's side as one assistant message, or as its text."""
+    if as_messages:
+        return _assistant(side) if isinstance(side, str) else side
+    if isinstance(side, list) and len(side) == 1 and isinstance(side[0], Mapping) \
+            and side[0].get("role") == "assistant":
+        return side[0].get("content")
+    return side

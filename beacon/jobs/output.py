@@ -159,6 +159,10 @@ class KeyedJsonlWriter:
         return len(self._keys)
 
     # -- writing -----------------------------------------------------------------------------
+    def _seen(self, record: dict[str, Any]) -> None:
+        """Called on open for each record already in the file (a subclass may learn from
+        them, e.g. the format to keep writing in)."""
+
     def write(self, record: Mapping[str, Any]) -> bool:
         """Append ``record`` unless its key is already in the file; True if written."""
         if self._fd is None:
@@ -305,6 +309,7 @@ class KeyedJsonlWriter:
                             f"{self.key_field!r}: {bad[1][:200]!r}; fix or remove it"
                         )
                     self._keys.add(obj[self.key_field])
+                    self._seen(obj)
                     good_end = end
                 elif raw.strip() or not raw.endswith(b"\n"):
                     if bad is None:
@@ -336,7 +341,11 @@ def _looks_torn(raw: bytes) -> bool:
     the file: no newline (a record is written with its newline in one ``write``), and either a
     start of a JSON object that does not parse or nothing but whitespace and NUL bytes (the
     unwritten blocks of a power loss). A line that parses (a one-line JSON file without its
-    newline) or starts otherwise (a CSV, plain text) is some other file's content."""
+    newline) or starts otherwise (a CSV, plain text) is some other file's content. A last line
+    that starts with NUL bytes is torn whatever its end: a power loss left the first blocks of
+    the final append unwritten (zeros) and its last ones, newline included, on disk."""
+    if raw.startswith(b"\x00"):
+        return True
     if raw.endswith(b"\n"):
         return False
     body = raw.strip(b" \t\r\x00")
