@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "BetaPrior",
     "NIGPrior",
     "Prior",
+    "TransformNotLoadedWarning",
     "load_prior",
     "nig_k0",
     "prior_from_dict",
@@ -212,8 +214,19 @@ def prior_from_dict(data: dict[str, Any]) -> Prior:
     return cls(**fields)
 
 
+class TransformNotLoadedWarning(UserWarning):
+    """:func:`load_prior` read a prior fitted on transformed rewards: the prior alone, in the
+    transform's units, is what it returns."""
+
+
 def load_prior(path: str | os.PathLike[str]) -> Prior:
-    """Load a prior saved as JSON (e.g. by ``beacon fit-prior``)."""
+    """Load a prior saved as JSON (e.g. by ``beacon fit-prior``).
+
+    A file fitted with a reward transform (``beacon fit-prior --transform gaussianize``) holds a
+    prior in the transformed units; the prior alone, used on raw rewards, would misjudge every
+    stop, so loading it issues a :class:`TransformNotLoadedWarning` pointing to
+    ``beacon.fitting.load_fit(path).config(cost=...)``, which keeps the two together.
+    """
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8-sig"))
@@ -229,5 +242,14 @@ def load_prior(path: str | os.PathLike[str]) -> Prior:
         if not isinstance(data["prior"], dict):  # not a bare prior with a field "prior"
             raise ConfigError("prior", data["prior"], "must be a JSON object (the prior's "
                               "parameters) in a {\"prior\": {...}} file")
+        tr = data.get("transform")
+        if tr is not None:
+            kind = tr.get("kind") if isinstance(tr, dict) else tr
+            warnings.warn(TransformNotLoadedWarning(
+                f"{p} holds a prior fitted on {kind!r}-transformed rewards: load_prior returns "
+                "the prior alone, in the transformed units, which BeaconConfig(prior=...) "
+                "without that transform would apply to raw rewards; use "
+                "beacon.fitting.load_fit(path).config(cost=...) to keep the two together"
+            ), stacklevel=2)
         data = data["prior"]
     return prior_from_dict(data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from beacon.fitting import (
     nig_log_evidence,
     reward_matrix,
 )
-from beacon.priors import BetaPrior, NIGPrior
+from beacon.priors import BetaPrior, NIGPrior, TransformNotLoadedWarning
 from beacon.transforms import LogitTransform
 
 
@@ -184,7 +185,8 @@ def test_json_round_trip_and_load(tmp_path: object) -> None:
     loaded = load_fit(path)
     assert loaded.prior == res.prior and loaded.transform == res.transform
     assert loaded.fitted_on["prompts"] == 100
-    assert beacon.load_prior(path) == res.prior
+    with pytest.warns(TransformNotLoadedWarning, match="load_fit"):
+        assert beacon.load_prior(path) == res.prior  # the prior alone, in transformed units
     np.testing.assert_array_equal(loaded.transform.apply(x), res.transform.apply(x))  # type: ignore[union-attr]
     bare = Path(str(tmp_path)) / "bare.json"
     bare.write_text(json.dumps(res.prior.to_dict()))
@@ -192,7 +194,14 @@ def test_json_round_trip_and_load(tmp_path: object) -> None:
     # saved by a Windows editor: UTF-8 with a byte order mark
     bom = Path(str(tmp_path)) / "bom.json"
     bom.write_text(path.read_text(encoding="utf-8"), encoding="utf-8-sig")
-    assert load_fit(bom).prior == res.prior and beacon.load_prior(bom) == res.prior
+    with pytest.warns(TransformNotLoadedWarning):
+        assert load_fit(bom).prior == res.prior and beacon.load_prior(bom) == res.prior
+    # a prior fitted without a transform loads without a word
+    plain = Path(str(tmp_path)) / "plain.json"
+    plain.write_text(json.dumps({"prior": res.prior.to_dict(), "transform": None}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert beacon.load_prior(plain) == res.prior
 
 
 def test_unreadable_prior_files_are_config_errors(tmp_path: object) -> None:
