@@ -1227,3 +1227,32 @@ def test_storing_an_outcome_keeps_the_whole_job_alive_for_the_ttl(tier: SimpleNa
         st.r.expire(st._k(job_id, part), 10)
     st.store_error(job_id, "b" * 32, {"record": {"ok": False}})
     assert all(st.r.ttl(st._k(job_id, p)) > 10 for p in parts)
+
+
+def test_the_worker_banner_names_prefix_and_queue_and_never_a_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The startup banner printed the broker and state URLs with their passwords (into every
+    log that keeps a worker's stderr) and did not say which key prefix and queue it serves,
+    the first things to check when a job does not progress."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    import worker.app
+    from beacon.cli import app as cli
+
+    secret = "s3cret-pw"
+    settings = dataclasses.replace(
+        worker.app.settings, broker_url=f"redis://:{secret}@127.0.0.1:6379/0",
+        state_url=f"redis://user:{secret}@127.0.0.1:6379/1", key_prefix="bannerprefix",
+        queue="bannerqueue")
+    started: list[list[str]] = []
+    monkeypatch.setattr(worker.app, "settings", settings)
+    monkeypatch.setattr(worker.app.app, "worker_main", lambda argv: started.append(argv))
+    res = CliRunner().invoke(cli, ["worker", "--pool", "solo"])
+    assert res.exit_code == 0, res.output
+    banner = res.stderr
+    assert secret not in banner and "redis://127.0.0.1:6379/0" in banner
+    assert "'bannerprefix'" in banner and "bannerqueue" in banner
+    assert started and "--queues=bannerqueue" in started[0]

@@ -48,6 +48,19 @@ __all__ = ["WorkerSettings", "is_redis_url"]
 _DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
+def url_without_credentials(url: str) -> str:
+    """``url`` with any ``user:password@`` removed, for logs and banners."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.split("@")[-1]
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+
+
 def is_redis_url(url: str) -> bool:
     """Whether ``url`` names a Redis server (``redis://``, ``rediss://`` or ``unix://``)."""
     return url.startswith(("redis://", "rediss://", "unix://"))

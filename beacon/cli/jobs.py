@@ -1061,9 +1061,14 @@ def worker_command(
         argv.append(f"--concurrency={concurrency}")
     if hostname:
         argv.append(f"--hostname={hostname}")
+    from worker.config import url_without_credentials
+
+    # what an operator checks first when jobs do not progress (never the credentials)
     err_console.print(
-        f"beacon worker: broker {settings.broker_url}, state {settings.state_url}, "
-        f"factories from {', '.join(settings.allowed_factories)}",
+        f"beacon worker: broker {url_without_credentials(settings.broker_url)}, state "
+        f"{url_without_credentials(settings.state_url)}, key prefix {settings.key_prefix!r}, "
+        f"queues {queues or settings.queue}, factories from "
+        f"{', '.join(settings.allowed_factories)}",
         markup=False,
     )
     app.worker_main(argv=argv)
