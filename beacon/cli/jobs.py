@@ -12,12 +12,15 @@ unfinished; 2 usage error (bad option, missing file, unknown job).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
+import signal
+import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -403,6 +406,26 @@ async def _run_local(
         await ex.aclose()
 
 
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (``docker stop``, ``kubectl delete``, systemd) interrupts the run as Ctrl-C does:
+    the prompts in flight are cancelled, the summary and the resume hint are printed. By
+    default it killed the process on the spot, without either."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def as_sigint(signum: int, frame: Any) -> None:
+        signal.raise_signal(signal.SIGINT)  # what asyncio.run does on Ctrl-C follows
+
+    signal.signal(signal.SIGTERM, as_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # -- beacon run ------------------------------------------------------------------------------------
 @guarded
 def run_command(
@@ -571,7 +594,7 @@ def run_command(
 
     interrupted = False
     t0 = time.perf_counter()
-    with prog:
+    with prog, _sigterm_as_ctrl_c():
         try:
             summary = asyncio.run(
                 _run_local(
