@@ -688,3 +688,27 @@ def test_cli_run_off_a_terminal_writes_nothing_but_the_summary(tmp_path: Path) -
     assert res.exit_code == 0, res.output
     assert res.stderr == ""
     assert res.stdout.startswith("2 ok, 0 failed") and res.stdout.count("\n") == 1
+
+
+def test_timeout_zero_means_no_limit_per_call(tmp_path: Path) -> None:
+    # A client with its own (longer) timeouts could not be run without BEACON's 60 s per call:
+    # --timeout had no "no limit" and 0 was refused.
+    import asyncio
+
+    from typer.testing import CliRunner
+
+    from beacon.cli import app
+    from beacon.jobs.execute import PromptExecutor
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.05, horizon=4), {"timeout": 0})
+    ex = PromptExecutor(spec, allowed=None)
+    assert ex.timeout is None
+    asyncio.run(ex.aclose())
+    assert PromptExecutor(_spec(), allowed=None).timeout == 60.0
+    prompts = _write_prompts(tmp_path / "p.jsonl", 2)
+    base = ["run", str(prompts), "-g", "beacon.demo:generator", "-s", "beacon.demo:scorer"]
+    ok = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "a.jsonl"), "--timeout", "0"])
+    assert ok.exit_code == 0, ok.output
+    bad = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "b.jsonl"), "--timeout", "-1"])
+    assert bad.exit_code == 2 and "--timeout" in bad.output

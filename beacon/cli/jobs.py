@@ -155,7 +155,9 @@ TransformOpt = Annotated[
 TimeoutOpt = Annotated[
     float | None,
     typer.Option(
-        "--timeout", help="Seconds per model/scorer call attempt [default: 60].", show_default=False
+        "--timeout", min=0,
+        help="Seconds per model/scorer call attempt; 0: no limit [default: 60].",
+        show_default=False
     ),
 ]
 AttemptsOpt = Annotated[

@@ -319,7 +319,10 @@ class PromptExecutor:
         self.offload_sync = boolean("offload_sync", offload_sync)
         s = spec.sampling
         self.retry = RetryPolicy(max_attempts=int(s.get("max_attempts", 3)))
-        self.timeout: float | None = float(s["timeout"]) if "timeout" in s else 60.0
+        # seconds per call attempt; 0 in the spec: no limit (a client with its own timeouts)
+        self.timeout: float | None = (
+            60.0 if "timeout" not in s else float(s["timeout"]) or None
+        )
         self._budget_kwargs = spec.budget_kwargs()
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()

@@ -517,7 +517,7 @@ class JobSpec:
                 raise JobInputError(f"sampling.{k}", v, "must be a finite number >= 0")
             if k in ("max_attempts", "max_tokens") and (not is_integer(v) or v < 1):
                 raise JobInputError(f"sampling.{k}", v, "must be an integer >= 1")
-            if k in ("timeout", "max_cost", "max_seconds") and v == 0:
+            if k in ("max_cost", "max_seconds") and v == 0:  # timeout 0: no limit
                 raise JobInputError(f"sampling.{k}", v, "must be > 0")
             # plain int / float: the spec travels as JSON to the workers (np.int64 would not)
             s[k] = int(v) if is_integer(v) else float(v)
