@@ -1256,3 +1256,52 @@ def test_the_worker_banner_names_prefix_and_queue_and_never_a_password(
     assert secret not in banner and "redis://127.0.0.1:6379/0" in banner
     assert "'bannerprefix'" in banner and "bannerqueue" in banner
     assert started and "--queues=bannerqueue" in started[0]
+
+
+def test_a_prompt_costs_three_redis_round_trips_on_the_worker(
+    tier: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run counting and the store-id check had taken a prompt from 2 Redis round trips to 5:
+    has the result, start the run's count, store the outcome (ending the count) is 3."""
+    import collections
+
+    import redis
+    from redis.client import Pipeline
+
+    import worker.tasks as tasks
+    from beacon.jobs import PromptRecord
+    from beacon.jobs.keys import prompt_key
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    job_id = f"{PREFIX}-round-trips"
+    store = tasks.get_store()
+    ref = store.create(job_id, spec.to_dict(), source="round-trips")
+    recs = [PromptRecord(f"rt{i}", f"question {i}", line=i + 1) for i in range(6)]
+    keys = [prompt_key(r, spec) for r in recs]
+    store.add_prompts(job_id, [(k, {"record": r.to_dict(), "line": r.line, "spec": ref})
+                               for k, r in zip(keys, recs, strict=True)])
+    headers = {tasks.HEADER_PREFIX: store.prefix, tasks.HEADER_STORE: store.store_id()}
+
+    def one(i: int) -> Any:
+        return tasks.run_prompt.apply(args=[job_id, keys[i], recs[i].to_dict(), recs[i].line,
+                                            ref], headers=headers).get(propagate=True)
+
+    assert one(0) == "ok"  # the spec is fetched and cached once per process
+    counts: collections.Counter[str] = collections.Counter()
+    command, pipeline = redis.Redis.execute_command, Pipeline.execute
+
+    def counted(self: Any, *a: Any, **kw: Any) -> Any:
+        counts[str(a[0])] += 1
+        return command(self, *a, **kw)
+
+    def counted_pipeline(self: Any, *a: Any, **kw: Any) -> Any:
+        counts["PIPELINE"] += 1
+        return pipeline(self, *a, **kw)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", counted)
+    monkeypatch.setattr(Pipeline, "execute", counted_pipeline)
+    for i in range(1, 6):
+        assert one(i) == "ok"
+    assert sum(counts.values()) == 3 * 5, counts
+    assert store.r.hlen(store._k(job_id, "runs")) == 0  # every run counted as ended

@@ -42,9 +42,18 @@ import redis
 __all__ = ["CollectResult", "JobStatus", "JobStore", "UnknownJobError", "collect_job",
            "purge_refusal"]
 
-# KEYS: results, errors, meta, prompts. A stored outcome is a write to the job: the whole job
-# is kept BEACON_JOB_TTL after it (EXPIRE of a key that is gone, e.g. purged, does nothing).
-_STORE_RESULT = """
+# KEYS: results, errors, meta, prompts[, runs]. A stored outcome is a write to the job: the
+# whole job is kept BEACON_JOB_TTL after it (EXPIRE of a key that is gone, e.g. purged, does
+# nothing). With KEYS[5] the run that computed the outcome is counted as ended in the same
+# round trip (JobStore.end_run).
+_END_RUN_IN_STORE = """
+if KEYS[5] then
+  local n = redis.call('HINCRBY', KEYS[5], ARGV[1], -1)
+  if n <= 0 then redis.call('HDEL', KEYS[5], ARGV[1]) end
+end
+"""
+
+_STORE_RESULT = _END_RUN_IN_STORE + """
 local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if added == 1 then redis.call('HDEL', KEYS[2], ARGV[1]) end
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
@@ -57,7 +66,7 @@ if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return n
 """
 
-_STORE_ERROR = """
+_STORE_ERROR = _END_RUN_IN_STORE + """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
@@ -233,17 +242,26 @@ class JobStore:
     def has_result(self, job_id: str, key: str) -> bool:
         return bool(self.r.hexists(self._k(job_id, "results"), key))
 
-    def store_result(self, job_id: str, key: str, payload: dict[str, Any]) -> bool:
-        """Store a finished prompt; False if a result for ``key`` was already there."""
+    def _outcome_keys(self, job_id: str, end_run: bool) -> list[str]:
+        parts = ("results", "errors", "meta", "prompts", *(("runs",) if end_run else ()))
+        return [self._k(job_id, p) for p in parts]
+
+    def store_result(self, job_id: str, key: str, payload: dict[str, Any], *,
+                     end_run: bool = False) -> bool:
+        """Store a finished prompt; False if a result for ``key`` was already there.
+        ``end_run``: also count the run that computed it as ended (:meth:`end_run`), atomically
+        with the store."""
         return bool(self._store_result(
-            keys=[self._k(job_id, p) for p in ("results", "errors", "meta", "prompts")],
+            keys=self._outcome_keys(job_id, end_run),
             args=[key, json.dumps(payload, allow_nan=False), self.ttl],
         ))
 
-    def store_error(self, job_id: str, key: str, payload: dict[str, Any]) -> bool:
-        """Record a failed prompt unless it already has a result; True if recorded."""
+    def store_error(self, job_id: str, key: str, payload: dict[str, Any], *,
+                    end_run: bool = False) -> bool:
+        """Record a failed prompt unless it already has a result; True if recorded.
+        ``end_run`` as for :meth:`store_result`."""
         return bool(self._store_error(
-            keys=[self._k(job_id, p) for p in ("results", "errors", "meta", "prompts")],
+            keys=self._outcome_keys(job_id, end_run),
             args=[key, json.dumps(payload, allow_nan=False), self.ttl],
         ))
 

@@ -439,14 +439,17 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
         store.store_error(job_id, key, {"record": error_record(key, rec, why)})
         store.end_run(job_id, key, forget=True)  # a --retry-failed starts a fresh count
         return "failed"
+    ended = [False]  # the store of the outcome counted the run as ended (one round trip)
     try:
-        return _run(store, job_id, key, rec, job)
+        return _run(store, job_id, key, rec, job, ended)
     finally:
-        with contextlib.suppress(*TRANSIENT_ERRORS):  # a lost decrement costs one count
-            store.end_run(job_id, key)
+        if not ended[0]:
+            with contextlib.suppress(*TRANSIENT_ERRORS):  # a lost decrement costs one count
+                store.end_run(job_id, key)
 
 
-def _run(store: JobStore, job_id: str, key: str, rec: PromptRecord, job: JobSpec) -> str:
+def _run(store: JobStore, job_id: str, key: str, rec: PromptRecord, job: JobSpec,
+         ended: list[bool]) -> str:
     events: list[BeaconEvent] = []
     fut: concurrent.futures.Future[Outcome] | None = None
     try:
@@ -471,23 +474,26 @@ def _run(store: JobStore, job_id: str, key: str, rec: PromptRecord, job: JobSpec
         # so record it, or the prompt would stay "pending" forever.
         log.exception("prompt %r of job %s failed", rec.id, job_id)
         outcome = Outcome(key, error_record(key, rec, exc), None)
-    return _save(store, job_id, key, outcome)
+    return _save(store, job_id, key, outcome, ended)
 
 
 SAVE_PATIENCE = 30.0  # seconds storing a computed outcome is retried in the task itself
 
 
-def _save(store: JobStore, job_id: str, key: str, outcome: Outcome) -> str:
-    """Store a computed outcome, retrying transient errors here for up to ``SAVE_PATIENCE``
-    seconds: a retry of the task would run the prompt, and pay for it, again."""
+def _save(store: JobStore, job_id: str, key: str, outcome: Outcome, ended: list[bool]) -> str:
+    """Store a computed outcome, and count its run as ended in the same round trip (``ended``
+    says it was), retrying transient errors here for up to ``SAVE_PATIENCE`` seconds: a retry
+    of the task would run the prompt, and pay for it, again."""
     deadline = time.monotonic() + SAVE_PATIENCE
     delay = 0.5
     while True:
         try:
             if outcome.ok:
-                store.store_result(job_id, key, outcome.to_payload())
+                store.store_result(job_id, key, outcome.to_payload(), end_run=True)
+                ended[0] = True
                 return "ok"
-            store.store_error(job_id, key, outcome.to_payload())
+            store.store_error(job_id, key, outcome.to_payload(), end_run=True)
+            ended[0] = True
             return "failed"
         except TRANSIENT_ERRORS as exc:
             if time.monotonic() + delay > deadline:
