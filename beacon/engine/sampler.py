@@ -187,12 +187,14 @@ class BeaconSampler:
         self._generate_obj = generate
         self._score_obj = score
         self._generate = make_generate(generate, offload_sync=offload_sync)
+        self._score_inline = is_inline_sync(score, offload_sync=offload_sync)
         self._score, self._batched = make_score(
             score, offload_sync=offload_sync, late_timeout=_timeout("timeout", timeout),
-            late_slot=self._late_score_slot,
+            # only an inline sync scorer's awaitable needs a slot of its own (an async one's
+            # call already holds one): no per-call lookup for the others
+            late_slot=self._late_score_slot if self._score_inline else None,
         )
         self._reward = reward_rule(score)
-        self._score_inline = is_inline_sync(score, offload_sync=offload_sync)
         self.max_concurrency = positive_int("max_concurrency", max_concurrency)
         self.max_score_concurrency = (
             self.max_concurrency
