@@ -1056,6 +1056,22 @@ def test_cli_run_killed_midway_resumes_exactly_once(tmp_path: Path, sig: int,
     assert max(_keys_once(dpo).values()) == 1 and set(_keys_once(dpo)) <= set(final)
 
 
+def test_cli_run_stops_on_sigterm_with_sigint_ignored(tmp_path: Path) -> None:
+    # A background job of a non-interactive shell (``beacon run ... &`` in a script) starts
+    # with SIGINT ignored: SIGTERM taken as Ctrl-C must still end the run.
+    prompts = _write_prompts(tmp_path / "p.jsonl", 200)
+    out = tmp_path / "out.jsonl"
+    proc = _cli("run", str(prompts), "-g", "beacon.demo:generator", "-s", "beacon.demo:scorer",
+                "--generator-kwargs", '{"latency_ms": 15}', "-j", "2", "--out", str(out),
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    _wait_lines(out, 3, timeout=90)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "rerun the same command" in err
+    assert max(_keys_once(out).values()) == 1
+
+
 def test_cli_usage_errors_exit_2(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -419,6 +419,10 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
     previous = signal.getsignal(signal.SIGTERM)
 
     def as_sigint(signum: int, frame: Any) -> None:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # SIGINT ignored (a background job of a non-interactive shell): raising it would do
+            # nothing, and SIGTERM would be ignored too
+            raise KeyboardInterrupt
         signal.raise_signal(signal.SIGINT)  # what asyncio.run does on Ctrl-C follows
 
     signal.signal(signal.SIGTERM, as_sigint)
