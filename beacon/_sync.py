@@ -94,7 +94,8 @@ def _run_private(coro: Coroutine[Any, Any, T]) -> T:
         return runner.run(coro)
 
 
-def _name(fn: Any) -> str:
+def callable_name(fn: Any) -> str:
+    """A callable's qualified name, or its type's name, for messages."""
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
@@ -128,7 +129,7 @@ async def call_in_thread(fn: Callable[..., T], /, *args: Any) -> T:
         except StopIteration as exc:
             # A future refuses StopIteration (it would never be settled and the call would
             # hang): a RuntimeError, as a coroutine raising it gets.
-            error = RuntimeError(f"{_name(fn)} raised StopIteration")
+            error = RuntimeError(f"{callable_name(fn)} raised StopIteration")
             error.__cause__ = exc
         except BaseException as exc:  # handed to the awaiting coroutine
             error = exc

@@ -255,12 +255,13 @@ class LoggedRewards:
 
     @property
     def sample_positions(self) -> IntArray:
-        """:attr:`positions`, or each column's own index where it is None."""
+        """:attr:`positions`, or each column's own index where it is None (a read-only view:
+        callers index it, which copies)."""
         if self.positions is not None:
             return self.positions
         out: IntArray = np.broadcast_to(
             np.arange(self.rewards.shape[1], dtype=np.int64), self.rewards.shape
-        ).copy()
+        )
         return out
 
     @property
@@ -272,7 +273,7 @@ class LoggedRewards:
 
     def sample_position(self, row: int, column: int) -> int:
         """Index in its record's logged list of the sample at ``(row, column)``."""
-        return int(self.sample_positions[row, column])
+        return column if self.positions is None else int(self.positions[row, column])
 
     def record(self, row: int) -> int:
         """The 1-based record (position in the log) of prompt ``row``."""
@@ -391,7 +392,7 @@ class LoggedRewards:
             _pad(rows),
             _pad(rows),
             self.source,
-            positions=_pad_positions(kept),
+            positions=_pad(kept, -1, np.int64),
             records=self.records,
         )
 
@@ -401,18 +402,11 @@ class LoggedRewards:
         return standardize(self.rewards) if self.zscores is None else self.zscores
 
 
-def _pad_positions(rows: Sequence[IntArray]) -> IntArray:
-    """Rows of sample positions, padded with -1 (as :func:`_pad` pads rewards with NaN)."""
+def _pad(rows: Sequence[Any], fill: float = np.nan, dtype: Any = np.float64) -> Any:
+    """Rows of unequal length as one array, padded with ``fill`` (NaN for rewards and labels,
+    -1 for sample positions)."""
     width = max((len(r) for r in rows), default=0)
-    out: IntArray = np.full((len(rows), width), -1, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
-
-
-def _pad(rows: Sequence[FloatArray]) -> FloatArray:
-    width = max((len(r) for r in rows), default=0)
-    out = np.full((len(rows), width), np.nan)
+    out = np.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
@@ -508,7 +502,7 @@ def _build(
         for i, (_, rw, lab, _) in enumerate(rows):
             if lab is not None:
                 correct[i, : len(rw)] = lab
-    positions = _pad_positions([np.asarray(r[3], dtype=np.int64) for r in rows])
+    positions = _pad([np.asarray(r[3], dtype=np.int64) for r in rows], -1, np.int64)
     return LoggedRewards(ids, rewards, correct, source, positions=positions)
 
 
@@ -884,6 +878,7 @@ def _metrics(
     best = data.rewards[rows, chosen]
     zbest = data.standardized[rows, chosen]
     accuracy: float | None = None
+    labels: FloatArray | None = None
     if data.correct is not None:
         labels = data.correct[rows, chosen]
         known = ~np.isnan(labels)
@@ -904,7 +899,7 @@ def _metrics(
         outcomes=PromptOutcomes(
             best_reward=best,
             standardized=zbest,
-            correct=None if data.correct is None else data.correct[rows, chosen],
+            correct=labels,
         ),
     )
 
@@ -1562,15 +1557,24 @@ class TuneResult:
 
     def matched(self) -> MatchedDifference:
         """The recommendation against best-of-N at its average samples, with a paired SE."""
-        return matched_difference(self.choice.metrics, self.fixed, self.quality)
+        return self._matched
 
     def sweep_matched(self) -> tuple[MatchedDifference, ...]:
         """Each swept point against best-of-N at its average samples, with its paired SE.
 
         One per ``points`` (same order), computed as :meth:`matched` is for the recommendation
         (:func:`matched_difference`), so a ``c`` picked from the sweep carries the same kind of
-        standard error; a recommended knee's entry equals :meth:`matched`.
+        standard error; a recommended knee's entry equals :meth:`matched`. Computed once per
+        result (the table, the plot, the verdict and ``--json`` all read it).
         """
+        return self._sweep_matched
+
+    @cached_property
+    def _matched(self) -> MatchedDifference:
+        return matched_difference(self.choice.metrics, self.fixed, self.quality)
+
+    @cached_property
+    def _sweep_matched(self) -> tuple[MatchedDifference, ...]:
         return tuple(matched_difference(p.metrics, self.fixed, self.quality) for p in self.points)
 
     def to_dict(self) -> dict[str, Any]:

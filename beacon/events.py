@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from beacon._sync import callable_name
 from beacon.stopper import TraceRecord
 
 __all__ = [
@@ -139,9 +140,7 @@ async def emit(observers: Sequence[Observer], event: BeaconEvent) -> None:
             if task is not None and task.cancelling() > 0:
                 raise  # the query is being cancelled
             raise ObserverCancelledError(
-                f"observer {_name(obs)} raised CancelledError without the query being cancelled"
+                f"observer {callable_name(obs)} raised CancelledError without the query "
+                "being cancelled"
             ) from exc
 
-
-def _name(obs: Any) -> str:
-    return getattr(obs, "__qualname__", None) or type(obs).__name__

@@ -79,7 +79,7 @@ from beacon.transforms import (
     LogitTransform,
     RewardTransform,
     _check_transform_fields,
-    _too_large,
+    check_transformed_range,
     make_transform,
     register_transform,
     transform_from_dict,
@@ -423,7 +423,6 @@ def _fit_beta(x: FloatArray, method: str) -> tuple[BetaPrior, float]:
     from scipy.optimize import minimize
     from scipy.special import betaln, digamma
 
-    _check_binary(x)
     ok = ~np.isnan(x)
     k = ok.sum(axis=1).astype(np.float64)
     s = np.where(ok, x, 0.0).sum(axis=1)
@@ -836,14 +835,7 @@ def fit_reward_model(
         if np.isinf(x).any():
             i, j = (int(v) for v in np.argwhere(np.isinf(x))[0])
             raise RewardError((i, j), float(raw[i, j]), f"outside the domain of {tr.kind}")
-        if family == "normal":
-            with np.errstate(invalid="ignore"):
-                big = np.abs(x) > MAX_ABS_REWARD
-            if big.any():  # name the user's reward, not its transform
-                i, j = (int(v) for v in np.argwhere(big)[0])
-                raise RewardError(
-                    (i, j), float(raw[i, j]), _too_large(tr.kind, float(x[i, j]))
-                )
+        check_transformed_range(raw, x, tr.kind)  # (a transform is for the normal family)
     # the families' own range checks come first: the statistics of a reward of 1e200 overflow
     dropped = 0
     if family == "normal":

@@ -34,7 +34,7 @@ from beacon.families.normal import (
 )
 from beacon.priors import BetaPrior, NIGPrior
 from beacon.stopper import Draw, Stopper
-from beacon.transforms import _too_large
+from beacon.transforms import check_transformed_range
 
 __all__ = ["REASONS", "ReplayResult", "replay"]
 
@@ -69,13 +69,12 @@ class ReplayResult:
 
 
 def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:
-    if isinstance(rewards, np.ma.MaskedArray):
-        # np.asarray would drop the mask and replay the hidden values: a masked cell is missing
-        if rewards.dtype.kind not in "biuf":
-            raise RewardError("rewards", "<array>", f"must be a numeric 2-D array (elements of "
-                                                    f"dtype {rewards.dtype} are not real numbers)")
-        rewards = np.ma.filled(rewards.astype(np.float64), np.nan)
     try:
+        if isinstance(rewards, np.ma.MaskedArray):
+            # np.asarray would drop the mask and replay the hidden values: masked is missing
+            if rewards.dtype.kind not in "biuf":
+                raise TypeError(f"elements of dtype {rewards.dtype} are not real numbers")
+            rewards = np.ma.filled(rewards.astype(np.float64), np.nan)
         given = np.asarray(rewards)
         # numpy would parse "0.5" and drop an imaginary part; the Stopper refuses both
         if given.dtype.kind not in "biufO":
@@ -126,15 +125,15 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
         if bad.any():
             r, c = (int(v) for v in np.argwhere(bad)[0])
             raise RewardError((r, c), float(raw[r, c]), "outside the domain of the transform")
-        with np.errstate(invalid="ignore"):
-            big = np.abs(x) > MAX_ABS_REWARD
-        if big.any():
-            r, c = (int(v) for v in np.argwhere(big)[0])
-            if cfg.transform is None:
-                raise RewardError((r, c), float(x[r, c]), TOO_LARGE_MESSAGE)
+        if cfg.transform is not None:
             # the user's reward, and why its transform is refused (as the Stopper says it)
-            raise RewardError((r, c), float(raw[r, c]),
-                              _too_large(cfg.transform.kind, float(x[r, c])))
+            check_transformed_range(raw, x, cfg.transform.kind)
+        else:
+            with np.errstate(invalid="ignore"):
+                big = np.abs(x) > MAX_ABS_REWARD
+            if big.any():
+                r, c = (int(v) for v in np.argwhere(big)[0])
+                raise RewardError((r, c), float(x[r, c]), TOO_LARGE_MESSAGE)
         from beacon._kernels.replay import replay_normal
         from beacon.index import get_table
 

@@ -50,16 +50,24 @@ def parse_retry_after(value: Any) -> float | None:
         value = value.decode("latin-1")
     if not isinstance(value, str):
         return None
+    seconds = _seconds(value)
+    if seconds is not None:
+        return seconds
+    try:  # not a delay (a negative or NaN one is no date either: None below)
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+
+
+def _seconds(value: Any) -> float | None:
+    """``value`` as a finite number >= 0 (what ``float`` reads), else ``None``."""
     try:
         v = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
-            when = when.replace(tzinfo=datetime.UTC)
-        return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+    except (TypeError, ValueError):
+        return None
     return v if math.isfinite(v) and v >= 0 else None
 
 
@@ -82,20 +90,15 @@ def retry_after_of(exc: BaseException) -> float | None:
     SDKs' and httpx's status errors carry the response).
     """
     ra = getattr(exc, "retry_after", None)
-    if ra is not None and is_real(ra) and not isinstance(ra, bool):
+    if ra is not None and is_real(ra):
         f = real_as_float(ra)
         return f if f >= 0 else None  # NaN and negatives: no hint; inf: the cap applies
     headers = getattr(getattr(exc, "response", None), "headers", None)
     if headers is None:
         return None
-    ms = _header(headers, "retry-after-ms")
+    ms = _seconds(_header(headers, "retry-after-ms"))
     if ms is not None:
-        try:
-            f = float(ms)
-        except (TypeError, ValueError):
-            f = math.nan
-        if math.isfinite(f) and f >= 0:
-            return f / 1000.0
+        return ms / 1000.0
     return parse_retry_after(_header(headers, "retry-after"))
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "IdentityTransform",
     "LogitTransform",
     "RewardTransform",
+    "check_transformed_range",
     "make_transform",
     "register_transform",
     "transform_from_dict",
@@ -37,6 +38,17 @@ def _too_large(kind: str, transformed: float) -> str:
         f"its {kind} transform {transformed:.4g} is beyond +-{MAX_ABS_REWARD:g}, where the normal "
         "model's statistics overflow"
     )
+
+
+def check_transformed_range(raw: NDArray[np.float64], x: NDArray[np.float64], kind: str) -> None:
+    """A 2-D log's transformed rewards ``x`` within the normal model's range; the first one
+    beyond it is a :class:`RewardError` naming the user's reward ``raw[i, j]`` and why (as
+    :meth:`RewardTransform.apply_scalar` does for one reward)."""
+    with np.errstate(invalid="ignore"):
+        big = np.abs(x) > MAX_ABS_REWARD
+    if big.any():
+        i, j = (int(v) for v in np.argwhere(big)[0])
+        raise RewardError((i, j), float(raw[i, j]), _too_large(kind, float(x[i, j])))
 
 
 class RewardTransform:

@@ -104,14 +104,8 @@ def matched_range(res: TuneResult) -> tuple[float, float]:
 
     In units of ``res.quality``. Points at the same average samples count once.
     """
-    diffs = [_matched_diff(res, p.metrics) for p in res.points]
+    diffs = [md.diff for md in res.sweep_matched()]
     return min(diffs), max(diffs)
-
-
-def _matched_diff(res: TuneResult, m: PolicyMetrics) -> float:
-    """``m`` minus best-of-N at its average samples, in units of ``res.quality``."""
-    q = res.quality
-    return quality_of(m, q) - interpolate_fixed(res.fixed, m.avg_samples, q)
 
 
 def _pm_se(md: MatchedDifference, scale: float | None) -> str:
@@ -168,8 +162,8 @@ def verdict(res: TuneResult) -> tuple[bool, str]:
         )
     lo, hi = matched_range(res)
     if hi > tol:
-        best = max(res.points, key=lambda p: _matched_diff(res, p.metrics))
-        bmd = matched_difference(best.metrics, res.fixed, q)
+        best, bmd = max(zip(res.points, res.sweep_matched(), strict=True),
+                        key=lambda pm: pm[1].diff)
         text += (
             f"; the sweep's best difference is {_pm_se(bmd, scale)} at c = "
             f"{best.cost:.4g} ({best.metrics.avg_samples:.2f} samples; the largest of the "

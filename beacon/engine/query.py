@@ -28,7 +28,7 @@ from beacon.engine.calls import CallGuard, guarded_call
 from beacon.engine.protocol import GenerateFn, ScoreFn
 from beacon.errors import RewardError
 from beacon.events import DecisionEvent, Observer, SampleEvent, emit
-from beacon.result import BeaconResult, Candidate, Usage
+from beacon.result import _UNENFORCEABLE, BeaconResult, Candidate, Usage
 from beacon.stopper import Stop, Stopper
 
 __all__ = ["EngineContext", "QueryRun"]
@@ -130,11 +130,11 @@ class QueryRun:
         if reason == "error" and error is None:
             error = self.last_error
         self.usage.wall_seconds = time.perf_counter() - self.t0
-        for cap in ("max_tokens", "max_cost"):
-            if cap in self.unenforced:
-                # Here, not while sampling: under ``-W error`` the warning must not fail a
-                # paid sample (it then propagates from the query, as that setting asks).
-                self._warn_unenforced(cap)
+        unenforced = [c for c in _UNENFORCEABLE if c in self.unenforced]
+        for cap in unenforced:
+            # Here, not while sampling: under ``-W error`` the warning must not fail a
+            # paid sample (it then propagates from the query, as that setting asks).
+            self._warn_unenforced(cap)
         return BeaconResult(
             prompt=self.prompt,
             candidates=sorted(self.candidates, key=lambda c: c.index),
@@ -145,7 +145,7 @@ class QueryRun:
             error=error,
             metadata=self.metadata,
             config=dict(self.ctx.cfg_dict),
-            budget_unenforced=[c for c in ("max_tokens", "max_cost") if c in self.unenforced],
+            budget_unenforced=unenforced,
         )
 
     # -- one batch ------------------------------------------------------------------------------
@@ -159,6 +159,10 @@ class QueryRun:
         by_task: dict[asyncio.Future[None], int] = {t: i for i, t in enumerate(tasks)}
         done_flags = [False] * count
         observed = [False] * count
+
+        def unobserved() -> int:
+            """Finished samples not yet fed to the Stopper."""
+            return sum(1 for i in range(count) if done_flags[i] and not observed[i])
         nxt = 0
         pending: set[asyncio.Future[None]] = set(tasks)
         try:
@@ -173,6 +177,11 @@ class QueryRun:
                 )
                 if not done:
                     raise _StopQuery("budget")
+                # _sample turns every Exception into a failed sample: what is left is a
+                # BaseException of the callable (not KeyboardInterrupt or SystemExit, which
+                # asyncio raises from the loop itself). It propagates, as it does from a
+                # sample awaited directly (_single); every task's is retrieved.
+                first_error: BaseException | None = None
                 for t in done:
                     i = by_task[t]
                     done_flags[i] = True
@@ -181,13 +190,10 @@ class QueryRun:
                         # Counted on completion, not in draw order, so that a slow earlier
                         # sample cannot delay the max_failures stop.
                         self._count_failure(cands[i])
-                # _sample turns every Exception into a failed sample: what is left is a
-                # BaseException of the callable (not KeyboardInterrupt or SystemExit, which
-                # asyncio raises from the loop itself). It propagates, as it does from a
-                # sample awaited directly (_single); every task's is retrieved.
-                errs = [e for t in done if (e := t.exception()) is not None]
-                if errs:
-                    raise errs[0]
+                    if (e := t.exception()) is not None and first_error is None:
+                        first_error = e
+                if first_error is not None:
+                    raise first_error
                 if not self.ctx.batched:
                     while nxt < count and done_flags[nxt]:
                         observed[nxt] = True  # a candidate even if an observer raises
@@ -213,18 +219,14 @@ class QueryRun:
             except BaseException:
                 # An observer raised: the finished samples not yet fed are not candidates
                 # either, but were started (len(candidates) + usage.cancelled stays exact).
-                self.usage.cancelled += sum(
-                    1 for i in range(count) if done_flags[i] and not observed[i]
-                )
+                self.usage.cancelled += unobserved()
                 raise
             return sq.reason
         except BaseException:
             await self._cancel(pending, cands, done_flags)
             # An observer raised (or the caller cancelled) before these finished samples were
             # fed to the Stopper: never candidates, not charged, but their calls were spent.
-            self.usage.cancelled += sum(
-                1 for i in range(count) if done_flags[i] and not observed[i]
-            )
+            self.usage.cancelled += unobserved()
             raise
         return None
 
@@ -306,10 +308,11 @@ class QueryRun:
             return
         b = self.ctx.budget
         assert b is not None
-        side = b.unpriced_side(input_tokens, output_tokens)
         if cap == "max_tokens":
             why = "a model response reported no token counts"
-        elif side is not None and (input_tokens is not None or output_tokens is not None):
+        elif (input_tokens is not None or output_tokens is not None) and (
+            side := b.unpriced_side(input_tokens, output_tokens)
+        ) is not None:
             why = (f"a model response reported no cost and no {side} token count for "
                    f"price_per_{side}_token to price (its money was counted only in part)")
         elif b.price_per_input_token or b.price_per_output_token:

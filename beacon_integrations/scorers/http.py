@@ -607,8 +607,9 @@ class HttpRewardScorer:
             ) as resp:
                 if resp.status >= 300:
                     raw, _more = await self._read(resp, _ERROR_BODY_BYTES, prefix=True)
-                    text = self._snippet(raw)
-                    if resp.status < 400:
+                    if resp.status >= 400:
+                        text = self._snippet(raw)
+                    else:
                         loc = resp.headers.get("Location")
                         where = "no Location" if loc is None else (
                             f"Location {self._scrub(_safe_url(loc))}"
