@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+# the job and prompts builders of the main jobs tests (pytest puts tests/ on sys.path)
+from test_jobs import _spec, _write_prompts
+
 import beacon
 from beacon.jobs import (
     FactorySpec,
@@ -22,20 +25,6 @@ from beacon.jobs import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _spec(**cfg: Any) -> JobSpec:
-    base: dict[str, Any] = {"family": "normal", "cost": 0.05, "horizon": 16}
-    base.update(cfg)
-    return JobSpec(FactorySpec("beacon.demo:generator", {"seed": 1}),
-                   FactorySpec("beacon.demo:scorer", {"seed": 1}), beacon.BeaconConfig(**base))
-
-
-def _write_prompts(path: Path, n: int) -> Path:
-    with path.open("w") as f:
-        for i in range(n):
-            f.write(json.dumps({"id": i, "prompt": f"question {i}: explain topic {i % 7}"}) + "\n")
-    return path
 
 
 def _cli(*args: str) -> Any:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -68,6 +69,7 @@ from beacon.jobs.execute import (
     error_record,
     line_error_record,
     prepare_config,
+    result_record,
 )
 from beacon.jobs.keys import InputKeys, job_fingerprint, prompt_key
 from beacon.jobs.spec import (
@@ -361,24 +363,18 @@ def _partial_outcome(key: str, record: PromptRecord, events: list[BeaconEvent],
             ok = not e.failed and e.reward is not None and math.isfinite(e.reward)
             seen[e.index] = Candidate(e.index, e.text, e.reward if ok else None,
                                       failed=not ok, error=e.error)
-    res = BeaconResult(record.prompt, [seen[i] for i in sorted(seen)])
-    best = res.best
-    if best is None:
+    cands = [seen[i] for i in sorted(seen)]
+    res = BeaconResult(record.prompt, cands, stop_reason="budget")
+    res.n_samples = len(res.scored)
+    if res.best is None:
         why = TimeoutError(f"task time limit ({settings.celery_soft_time_limit:g} s) hit before "
                            f"any sample was scored ({type(exc).__name__})")
         return Outcome(key, error_record(key, record, why), None)
-    out: dict[str, Any] = {
-        "key": key, "id": record.id, "line": record.line, "ok": True, "best": best.text,
-        "reward": best.reward, "best_index": best.index, "n_samples": len(res.scored),
-        "n_failed": res.n_failed, "rewards": [c.reward for c in res.candidates],
-        "stop_reason": "budget", "usage": None,
-        "error": {"type": type(exc).__name__,
-                  "message": "task time limit hit; partial result (best sample so far)"},
-    }
-    if record.metadata is not None:
-        out["metadata"] = dict(record.metadata)
-    if keep_candidates:
-        out["candidates"] = [c.to_dict() for c in res.candidates]
+    out = result_record(key, record, res, keep_candidates=keep_candidates)
+    # the engine's usage died with the query; say why the line is partial
+    out.update(usage=None, error={
+        "type": type(exc).__name__,
+        "message": "task time limit hit; partial result (best sample so far)"})
     return Outcome(key, out, dpo_record(key, record.id, record.prompt, res.preference_pair()))
 
 
@@ -439,17 +435,16 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
         store.store_error(job_id, key, {"record": error_record(key, rec, why)})
         store.end_run(job_id, key, forget=True)  # a --retry-failed starts a fresh count
         return "failed"
-    ended = [False]  # the store of the outcome counted the run as ended (one round trip)
     try:
-        return _run(store, job_id, key, rec, job, ended)
-    finally:
-        if not ended[0]:
-            with contextlib.suppress(*TRANSIENT_ERRORS):  # a lost decrement costs one count
-                store.end_run(job_id, key)
+        # returns only once the outcome is stored, which also counted the run as ended
+        return _run(store, job_id, key, rec, job)
+    except BaseException:
+        with contextlib.suppress(*TRANSIENT_ERRORS):  # a lost decrement costs one count
+            store.end_run(job_id, key)
+        raise
 
 
-def _run(store: JobStore, job_id: str, key: str, rec: PromptRecord, job: JobSpec,
-         ended: list[bool]) -> str:
+def _run(store: JobStore, job_id: str, key: str, rec: PromptRecord, job: JobSpec) -> str:
     events: list[BeaconEvent] = []
     fut: concurrent.futures.Future[Outcome] | None = None
     try:
@@ -474,27 +469,23 @@ def _run(store: JobStore, job_id: str, key: str, rec: PromptRecord, job: JobSpec
         # so record it, or the prompt would stay "pending" forever.
         log.exception("prompt %r of job %s failed", rec.id, job_id)
         outcome = Outcome(key, error_record(key, rec, exc), None)
-    return _save(store, job_id, key, outcome, ended)
+    return _save(store, job_id, key, outcome)
 
 
 SAVE_PATIENCE = 30.0  # seconds storing a computed outcome is retried in the task itself
 
 
-def _save(store: JobStore, job_id: str, key: str, outcome: Outcome, ended: list[bool]) -> str:
-    """Store a computed outcome, and count its run as ended in the same round trip (``ended``
-    says it was), retrying transient errors here for up to ``SAVE_PATIENCE`` seconds: a retry
-    of the task would run the prompt, and pay for it, again."""
+def _save(store: JobStore, job_id: str, key: str, outcome: Outcome) -> str:
+    """Store a computed outcome, and count its run as ended in the same round trip, retrying
+    transient errors here for up to ``SAVE_PATIENCE`` seconds: a retry of the task would run
+    the prompt, and pay for it, again."""
     deadline = time.monotonic() + SAVE_PATIENCE
     delay = 0.5
     while True:
         try:
-            if outcome.ok:
-                store.store_result(job_id, key, outcome.to_payload(), end_run=True)
-                ended[0] = True
-                return "ok"
-            store.store_error(job_id, key, outcome.to_payload(), end_run=True)
-            ended[0] = True
-            return "failed"
+            store_outcome = store.store_result if outcome.ok else store.store_error
+            store_outcome(job_id, key, outcome.to_payload(), end_run=True)
+            return "ok" if outcome.ok else "failed"
         except TRANSIENT_ERRORS as exc:
             if time.monotonic() + delay > deadline:
                 raise  # the task is retried (autoretry): the prompt runs again
@@ -523,13 +514,13 @@ def resend(job_id: str, items: list[tuple[str, dict[str, Any]]], queue: str,
     holds prompts of both); prompts registered without one get the job's latest spec."""
     st = store or get_store()
     by_ref: dict[str, list[tuple[str, dict[str, Any], int | None]]] = {}
-    latest: list[str] = []
+    latest: str | None = None  # the job's latest spec, read once if a prompt lacks its own
     for k, p in items:
         ref = p.get("spec")
         if not isinstance(ref, str):
-            if not latest:
-                latest.append(st.spec_ref(st.spec(job_id)))
-            ref = latest[0]
+            if latest is None:
+                latest = st.spec_ref(st.spec(job_id))
+            ref = latest
         by_ref.setdefault(ref, []).append((k, p["record"], p.get("line")))
     for ref, tasks in by_ref.items():
         _send_tasks(st, job_id, ref, queue, tasks)
@@ -574,8 +565,7 @@ class BrokerUnavailableError(RuntimeError):
 
 
 def _broker_label() -> str:
-    url = str(app.conf.broker_url or "")
-    return repr(url.split("@")[-1])  # no credentials in messages
+    return repr(_url_label(str(app.conf.broker_url or "")))
 
 
 def _check_broker() -> None:
@@ -690,13 +680,11 @@ def submit_job(
     # A job submitted again while it runs: its prompts still queued or running are not sent a
     # second time (each would be paid for twice); only lost or unsent ones are. The broker's
     # queue is read (every message in it) only once a prompt is about to be sent.
-    scanned: list[set[str]] = []
-
+    @functools.cache
     def in_broker() -> set[str]:
-        if not scanned:
-            scanned.append(_queued_keys(st, job_id, {target, *prior_queues} - {""})
-                           if resubmitted else set())
-        return scanned[0]
+        if not resubmitted:
+            return set()
+        return _queued_keys(st, job_id, {target, *prior_queues} - {""})
     spec_ref = st.create(job_id, spec.to_dict(), source=source)
     enqueued = already = queued = 0
     batch: list[tuple[str, dict[str, Any], int | None]] = []
@@ -716,7 +704,7 @@ def submit_job(
         already += len(batch) - len(todo)
         # A failed prompt is sent again on retry_failed even if a stale message is around.
         fresh = [item for item, has_err in todo
-                 if has_err or item[0] not in (in_broker() if resubmitted else ())]
+                 if has_err or item[0] not in in_broker()]
         queued += len(todo) - len(fresh)
         if fresh:
             from kombu.exceptions import OperationalError

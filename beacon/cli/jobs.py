@@ -322,14 +322,14 @@ def _check_outputs(prompts: Path, out: Path, dpo: Path | None) -> None:
     paths = [p.resolve() for p in (prompts, out, *([dpo] if dpo else []))]
     if len(set(paths)) != len(paths):
         usage_error("PROMPTS, --out and --dpo must be three different files", "--out")
+    from beacon.jobs.local import check_path
+
     for path, option in ((prompts, "PROMPTS"), (out, "--out"), (dpo, "--dpo")):
-        if path is not None and path.is_dir():
-            usage_error(f"{str(path)!r} is a directory; give a JSONL file path", option)
-        if path is not None and path.exists() and not path.is_file():
-            # /dev/null, a named pipe, <(...): a job reads its files more than once (to count
-            # the prompts, to resume) and syncs its outputs line by line
-            usage_error(f"{str(path)!r} is not a regular file (a device or a pipe); a job "
-                        "reads its files more than once: give a file path", option)
+        if path is not None:
+            try:
+                check_path(option, path)  # what run_job itself refuses, as a usage error
+            except JobInputError as exc:
+                usage_error(f"{str(path)!r} {exc.reason}", option)
 
 
 def _check_collect_files(out: Path, dpo: Path | None) -> None:
@@ -814,7 +814,6 @@ def submit_command(
         usage_error("--dpo needs --out (and --wait)", "--dpo")
     if out is not None:
         _check_outputs(prompts, out, dpo)
-        _check_collect_files(out, dpo)
     spec = _job_spec(locals())
     import redis
 

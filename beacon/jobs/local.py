@@ -176,7 +176,9 @@ _PROMPTS_REASON = ("must be a JSONL path or an iterable of PromptRecord / dict r
                    "(a list, a generator)")
 
 
-def _check_path(name: str, value: Any) -> Path:
+def check_path(name: str, value: Any) -> Path:
+    """``value`` as the path of a job file, or a :class:`JobInputError` naming ``name``: a
+    non-empty str or os.PathLike, not a directory, and a regular file if it exists."""
     if not isinstance(value, str | PathLike):
         raise JobInputError(name, value, "must be a file path (str or os.PathLike)")
     raw = fspath(value)
@@ -197,7 +199,7 @@ def _check_path(name: str, value: Any) -> Path:
 def _check_prompts(prompts: Any) -> Path | None:
     """The prompts path (None for an iterable of records); raises for anything else."""
     if isinstance(prompts, str | PathLike):
-        path = _check_path("prompts", prompts)
+        path = check_path("prompts", prompts)
         if not path.exists():
             raise JobInputError("prompts", prompts, "no such file")
         return path
@@ -297,8 +299,8 @@ async def arun_job(
         raise JobInputError("spec", spec, "must be a JobSpec (JobSpec.from_dict reads a "
                                           "JSON object)")
     prompts_path = _check_prompts(prompts)
-    out_path = _check_path("out", out)
-    dpo_path = None if dpo is None else _check_path("dpo", dpo)
+    out_path = check_path("out", out)
+    dpo_path = None if dpo is None else check_path("dpo", dpo)
     if dpo_path is not None and _same_file(dpo_path, out_path):
         raise JobInputError("dpo", dpo, "must be a different file from out")
     if prompts_path is not None:

@@ -84,10 +84,6 @@ class KeyedJsonlWriter:
     on an SSD); ``False`` leaves flushing to the OS, which still survives a killed process.
     """
 
-    #: A field every record of this kind of file has (None: any keyed record): a file whose
-    #: records lack it is another kind of file, refused on open (see ``required``).
-    required: str | None = None
-
     def __init__(self, path: str | Path, *, key_field: str = "key", fsync: bool = True,
                  required: str | None = None) -> None:
         if not isinstance(path, str | os.PathLike) or not isinstance(os.fspath(path), str) \
@@ -99,8 +95,9 @@ class KeyedJsonlWriter:
             raise ConfigError("required", required, "must be a non-empty string or None")
         self.path = Path(path)
         self.key_field = key_field
-        if required is not None:
-            self.required = required
+        # a field every record of this kind of file has (None: any keyed record): a file whose
+        # records lack it is another kind of file, refused on open
+        self.required = required
         self.fsync = boolean("fsync", fsync)
         self._keys: set[str] = set()
         self._fd: int | None = None
