@@ -104,7 +104,8 @@ class BeaconConfig:
         prior = fam.default_prior() if self.prior is None else self.prior
         fam.check_prior(prior)
         object.__setattr__(self, "_prior", prior)
-        object.__setattr__(self, "_k0", max(1, prior.k0))
+        # a plugin family's prior may define k0 alone
+        object.__setattr__(self, "_k0", max(1, getattr(prior, "decision_k0", prior.k0)))
         if self.horizon < self.k0 + 1:
             raise ConfigError(
                 "horizon", self.horizon, f"must be >= k0 + 1 = {self.k0 + 1} for this prior"
@@ -119,7 +120,8 @@ class BeaconConfig:
 
     @property
     def k0(self) -> int:
-        """Samples drawn before the first decision: the prior's k0, never fewer than 1."""
+        """Samples drawn before the first decision: the prior's k0, never fewer than 1 (for a
+        normal prior within ~1e-16 above a k0 boundary, :attr:`NIGPrior.decision_k0`)."""
         return self._k0
 
     def replace(self, **changes: Any) -> BeaconConfig:

@@ -127,6 +127,21 @@ class NIGPrior:
         """Minimal sample size of the paper's Table ``table_k0``."""
         return nig_k0(self.nu0, self.alpha0, self.beta0)
 
+    @property
+    def decision_k0(self) -> int:
+        """Rewards before the first decision: :attr:`k0`, or more where the predictive dof
+        ``2 alpha0 + k0`` is not above 1 in floating point.
+
+        That happens within ~1e-16 above a row boundary of the table (``alpha0`` = 0 or -1/2):
+        the h-index table has no such row (the predictive mean is infinite in floating point,
+        the myopic gain ``G_d`` of order ``1 / (d - 1)`` astronomically large, so the decision
+        there would be "continue" anyway), and it is skipped rather than taken on ``h = NaN``.
+        """
+        k = self.k0
+        while k >= 1 and not 2.0 * self.alpha0 + k > 1.0:
+            k += 1
+        return k
+
     def predictive_scale(self) -> float:
         """Scale sigma_0 = sqrt((nu0 + 1) beta0 / (nu0 alpha0)) of the prior predictive.
 
@@ -164,6 +179,11 @@ class BetaPrior:
     @property
     def k0(self) -> int:
         """A Beta prior with a0, b0 > 0 is proper: no reward is needed to decide."""
+        return 0
+
+    @property
+    def decision_k0(self) -> int:
+        """Rewards before the first decision: :attr:`k0`."""
         return 0
 
     def to_dict(self) -> dict[str, Any]:

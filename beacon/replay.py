@@ -41,9 +41,12 @@ __all__ = ["REASONS", "ReplayResult", "replay"]
 REASONS = np.array(["index", "horizon", "absorbed"], dtype=object)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReplayResult:
     """Per-prompt outcome of a replay (arrays of length = number of prompts).
+
+    Two results are equal when every array is (``best_reward`` NaN where the row was empty);
+    a result is not hashable (its arrays are not).
 
     Attributes:
         n_samples: samples used (K).
@@ -66,6 +69,18 @@ class ReplayResult:
 
     def __len__(self) -> int:
         return int(self.n_samples.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        # the generated __eq__ compares tuples of arrays, whose truth value numpy refuses
+        if not isinstance(other, ReplayResult):
+            return NotImplemented
+        return (
+            np.array_equal(self.n_samples, other.n_samples)
+            and np.array_equal(self.chosen, other.chosen)
+            and np.array_equal(self.best_reward, other.best_reward, equal_nan=True)
+            and np.array_equal(self.stop_reason, other.stop_reason)
+            and np.array_equal(self.truncated, other.truncated)
+        )
 
 
 def _as_matrix(rewards: ArrayLike) -> NDArray[np.float64]:

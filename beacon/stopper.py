@@ -33,7 +33,7 @@ from beacon._checks import is_integer
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError, ConfigTypeError, RewardError, StopperStateError
 from beacon.families import get_family
-from beacon.families.base import DecisionTuple
+from beacon.families.base import DecisionTuple, check_state
 
 if TYPE_CHECKING:
     import numpy as np
@@ -212,6 +212,8 @@ class Stopper:
         self._cfg = cfg
         self._bind(cfg)
         self._state: Any = self._family.initial_state(cfg)  # the working state
+        if self._view is None:  # a plugin's state (a built-in's is a plain tuple, trusted)
+            check_state(self._family, "initial_state", self._state, 0)
         self._pending = 0
         self._stop: Stop | None = None
         self._trace: list[TraceRecord] = []  # records built so far

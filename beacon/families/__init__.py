@@ -9,6 +9,7 @@ the Universal Index Policy), ``bernoulli`` (Beta learning with the reservation-c
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -28,6 +29,11 @@ __all__ = [
 _FAMILIES: dict[str, RewardFamily] = {}
 _BROKEN: dict[str, ConfigError] = {}
 _ENTRY_POINTS_LOADED = False
+# Held while the plugins load: another thread asking for a family then waits for them instead
+# of finding the "loaded" flag set and the plugin not yet registered. Re-entrant, and
+# _EP_LOADING set, for a plugin whose import itself asks for a family.
+_EP_LOCK = threading.RLock()
+_EP_LOADING = False
 
 F = TypeVar("F", bound=type[RewardFamily])
 
@@ -91,10 +97,22 @@ def _load_entry_points() -> None:
     reported with a warning now and its :class:`beacon.ConfigError` is raised when that name is
     asked for.
     """
-    global _ENTRY_POINTS_LOADED
+    global _ENTRY_POINTS_LOADED, _EP_LOADING
     if _ENTRY_POINTS_LOADED:
         return
-    _ENTRY_POINTS_LOADED = True
+    with _EP_LOCK:
+        if _ENTRY_POINTS_LOADED or _EP_LOADING:  # loaded meanwhile, or asked by a plugin's import
+            return
+        _EP_LOADING = True
+        try:
+            _load_each_entry_point()
+        finally:
+            _EP_LOADING = False
+            _ENTRY_POINTS_LOADED = True
+
+
+def _load_each_entry_point() -> None:
+    """The body of :func:`_load_entry_points` (run once, under ``_EP_LOCK``)."""
     for ep in entry_points(group="beacon.reward_families"):
         if ep.name in _FAMILIES:
             continue
@@ -112,7 +130,7 @@ def _load_entry_points() -> None:
                 type(fam).name = ep.name
             _FAMILIES[ep.name] = fam
             continue
-        warnings.warn(str(_BROKEN[ep.name]), RuntimeWarning, stacklevel=3)
+        warnings.warn(str(_BROKEN[ep.name]), RuntimeWarning, stacklevel=4)
 
 
 def available_families() -> list[str]:

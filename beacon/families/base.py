@@ -7,13 +7,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from beacon.errors import RewardError
+from beacon._checks import is_integer
+from beacon.errors import ConfigError, RewardError
 
 if TYPE_CHECKING:
     from beacon.config import BeaconConfig
     from beacon.priors import Prior
 
-__all__ = ["BoundFamily", "Decision", "DecisionTuple", "RewardFamily"]
+__all__ = [
+    "FAMILY_STOP_REASONS",
+    "BoundFamily",
+    "Decision",
+    "DecisionTuple",
+    "RewardFamily",
+    "check_state",
+]
 
 _isfinite = math.isfinite
 
@@ -36,6 +44,30 @@ class Decision(NamedTuple):
 
 DecisionTuple = tuple[bool, str | None, float, float, float]
 """The fields of a :class:`Decision` as a plain tuple (what ``BoundFamily.decide`` may return)."""
+
+FAMILY_STOP_REASONS = ("index", "absorbed")
+"""The stop reasons a family's decision may give (``None`` when stopping reads as ``index``);
+``horizon`` is the Stopper's own, ``budget`` and ``error`` come from outside."""
+
+
+def _misbehaved(family: RewardFamily, method: str, got: Any, needed: str) -> ConfigError:
+    """The error for a family (a plugin) whose ``method`` broke its contract: it names the
+    family, since the Stopper could otherwise only fail later, far from the cause (an
+    ``AttributeError`` on the state, an unpacking error, or no stop at the horizon)."""
+    name = family.name or type(family).__name__
+    return ConfigError(
+        "family", name, f"its {method}() returned {got!r}; {method}() must return {needed}"
+    )
+
+
+def check_state(family: RewardFamily, method: str, state: Any, k: int) -> Any:
+    """``state`` if it carries an integer ``k`` equal to the rewards observed (``k``), else the
+    :func:`_misbehaved` error: the Stopper reads ``k`` to decide, and stops at the horizon
+    only if ``k`` counts the rewards."""
+    sk = getattr(state, "k", None)
+    if not (is_integer(sk) and sk == k):
+        raise _misbehaved(family, method, state, f"a state whose integer field k is {k}")
+    return state
 
 
 class BoundFamily(NamedTuple):
@@ -100,16 +132,30 @@ class RewardFamily(ABC):
     def bind(self, cfg: BeaconConfig) -> BoundFamily:
         """The step functions of this family for ``cfg`` (what the Stopper calls).
 
-        The default wraps :meth:`validate_reward`, :meth:`update` and :meth:`decide`; built-in
-        families return precomputed kernels with the same values, and fall back to this when a
-        subclass overrides their ``update`` or ``decide``.
+        The default wraps :meth:`validate_reward`, :meth:`update` and :meth:`decide` and checks
+        what the last two return (a state whose ``k`` counts the rewards, a five-field decision
+        whose stop reason is one of :data:`FAMILY_STOP_REASONS` or ``None``): a broken plugin
+        is a :class:`beacon.ConfigError` naming the family. Built-in families return
+        precomputed kernels with the same values, and fall back to this when a subclass
+        overrides their ``update`` or ``decide``.
         """
 
+        # These wrappers serve plugins and built-ins with an overridden step, so they check
+        # what the override returns (the built-ins' own kernels are trusted and unchecked).
         def update(state: Any, reward: float) -> Any:
-            return self.update(state, reward, cfg)
+            return check_state(self, "update", self.update(state, reward, cfg), state.k + 1)
 
         def decide(state: Any) -> DecisionTuple:
-            return self.decide(state, cfg)
+            d = self.decide(state, cfg)
+            if not (isinstance(d, tuple) and len(d) == 5):
+                raise _misbehaved(
+                    self, "decide", d, "a Decision(cont, reason, zhat, h, threshold)"
+                )
+            if not d[0] and d[1] is not None and d[1] not in FAMILY_STOP_REASONS:
+                raise _misbehaved(
+                    self, "decide", d, f"a stop reason among {FAMILY_STOP_REASONS} (or None)"
+                )
+            return d
 
         return BoundFamily(self.validate_reward, update, decide, self._finite_only())
 
