@@ -18,8 +18,9 @@ has a ``reference`` correctly with a per-prompt probability ``q_p ~ U(0.05, 0.95
 
 Each factory returns an object with ``bind(record)``; the job runner binds it once per prompt,
 so the ``i``-th sample of a prompt is the same whatever process or order runs it. Optional
-``latency_ms`` (per call, asyncio sleep) and ``fail_rate`` (share of calls raising
-:class:`DemoTransientError`, retryable) simulate a real endpoint.
+``latency_ms`` (per call, asyncio sleep) and ``fail_rate`` (share of call attempts raising
+:class:`DemoTransientError`, retryable: each retry of a call draws anew, so a failure is
+transient) simulate a real endpoint.
 """
 
 from __future__ import annotations
@@ -106,12 +107,30 @@ class _Base:
         self.seed = int(seed)
         self.latency = _check("latency_ms", latency_ms, 0.0, 600_000.0) / 1000.0
         self.fail_rate = _check("fail_rate", fail_rate, 0.0, 1.0)
+        # failed attempts so far of each call that is being retried (dropped once it succeeds)
+        self._failed: dict[tuple[Any, ...], int] = {}
 
-    async def _io(self, *parts: Any) -> None:
+    async def _io(self, *parts: Any, retried: bool = True) -> None:
+        """Latency, then a simulated 503 with probability ``fail_rate``.
+
+        ``retried``: a retry repeats the call with the same ``parts`` (a scorer call), so each
+        attempt draws anew, numbered, or a call that failed once would fail on every retry
+        and no failure would be transient. Without it every call has ``parts`` of its own (the
+        generator numbers its calls), and one draw per call is all there is.
+        """
         if self.latency:
             await asyncio.sleep(self.latency)
-        if self.fail_rate and _uniforms(self.seed, "fail", *parts, n=1)[0] < self.fail_rate:
+        if not self.fail_rate:
+            return
+        attempt = self._failed.get(parts, 0) if retried else 0
+        # a first attempt draws as it always has; a retry adds its number
+        drawn = parts if attempt == 0 else (*parts, "attempt", attempt)
+        if _uniforms(self.seed, "fail", *drawn, n=1)[0] < self.fail_rate:
+            if retried:
+                self._failed[parts] = attempt + 1
             raise DemoTransientError("demo endpoint: simulated 503")
+        if attempt:
+            del self._failed[parts]
 
 
 class DemoGenerator(_Base):
@@ -129,7 +148,7 @@ class DemoGenerator(_Base):
             i = counter[0]
             counter[0] += 1
             text = _text_of(prompt)
-            await self._io(text, "gen", i)
+            await self._io(text, "gen", i, retried=False)
             u_open, u_ok, u_wrong = _uniforms(self.seed, "gen", text, i, n=3)
             opening = _OPENINGS[int(u_open * len(_OPENINGS))]
             body = f"{opening} Draft {i} for: {text[:60]}"

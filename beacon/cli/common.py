@@ -6,16 +6,25 @@ Exit codes (:data:`EXIT_OK`, :data:`EXIT_FAILURE`, :data:`EXIT_USAGE`):
 * ``1`` failure: the inputs were accepted but the work failed (a malformed line in a log, a prior
   file that is not valid JSON, a reward outside the family's support, an I/O error);
 * ``2`` usage: the command line itself is wrong (unknown option, a missing input file, an invalid
-  ``--cost``, an unknown ``--family`` or transform kind), reported by click with the usage line.
+  ``--cost``, an unknown ``--family`` or transform kind), reported by click with the usage line;
+* ``130`` interrupted: Ctrl-C reached the command (``beacon run`` catches it itself, keeps what it
+  finished and exits 1), after the line ``interrupted`` on stderr.
+
+Output piped into a reader that stops early (``| head``) ends the command quietly with exit 1,
+as click does for its own output, not with an ``error:`` line.
 
 Other commands (``beacon.cli.jobs``, ``beacon.cli.priors``) may use these helpers too.
 """
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
+import re
+import shlex
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -27,6 +36,7 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -35,6 +45,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.table import Table
 
 from beacon.config import BeaconConfig
 from beacon.errors import BeaconError, ConfigError, RewardError
@@ -55,6 +66,7 @@ from beacon.transforms import RewardTransform, make_transform, transform_from_di
 __all__ = [
     "DEFAULT_HORIZON",
     "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
     "PRIOR_DEFAULT",
@@ -70,10 +82,12 @@ __all__ = [
     "load_log",
     "load_prior_file",
     "log_setup",
+    "one_line_warnings",
     "option_error",
     "options_for",
     "out_console",
     "parse_transform",
+    "print_table",
     "progress_bar",
     "resolve_prior_and_transform",
     "reward_scale",
@@ -86,6 +100,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 # Horizon used when --horizon is not given: the design's default n, or fewer if the log is shorter.
 DEFAULT_HORIZON = 32
@@ -139,8 +154,20 @@ def _option_for(field: str) -> str | None:
 
 
 def option_error(exc: ConfigError, option: str) -> NoReturn:
-    """``exc`` (a bad value) as a usage error on ``option``: ``'value': reason``, exit 2."""
-    usage_error(f"{exc.value!r}: {exc.reason}", option)
+    """``exc`` (a bad value) as a usage error on ``option``, exit 2.
+
+    ``'value': reason`` when ``exc.field`` is what the option sets (``cost`` for ``--cost``);
+    ``field=value: reason`` when it is one field of what the option gives (``alpha0`` of the
+    ``--prior`` file, a keyword argument of ``--scorer-kwargs``), so the message says which.
+    """
+    own = {option.lstrip("-").replace("-", "_")}
+    own.update(field for field, opt in _OPTION_OF_FIELD.items() if opt == option)
+    parts = [p.rstrip("]") for p in re.split(r"[.\[]", exc.field)]
+    if parts[-1] in own:
+        usage_error(f"{exc.value!r}: {exc.reason}", option)
+    # 'prior.alpha0' under --prior reads as 'alpha0': the option already names the prior
+    field = exc.field[len(parts[0]) :].lstrip(".") if parts[0] in own else exc.field
+    usage_error(f"{field}={exc.value!r}: {exc.reason}", option)
 
 
 def config_error(exc: ConfigError) -> NoReturn:
@@ -168,8 +195,46 @@ def guarded(fn: Callable[P, R]) -> Callable[P, R]:
             config_error(exc)
         except BeaconError as exc:
             fail(str(exc))
+        except KeyboardInterrupt:
+            # typer would exit 130 without a word; a progress display has been cleared by its
+            # own context manager by now, so this line lands on a clean terminal line.
+            err_console.print("interrupted", markup=False, highlight=False)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                # the reader of stdout went away (| head): not a failure to report; typer's
+                # handler exits 1 quietly and keeps the final flush from raising again
+                raise
             fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+
+    return wrapper
+
+
+def one_line_warnings(fn: Callable[P, R]) -> Callable[P, R]:
+    """Show Python warnings raised inside the command as one ``warning:`` line each on stderr.
+
+    Python's own display adds the file, line number and source line of the call (an unwritable
+    h-index cache printed ``.../table.py:66: RuntimeWarning: ...`` and then a line of code).
+    Only the display changes: the warning filters (``-W error`` included) apply as before.
+    """
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        err_console.print(
+            f"[yellow]warning:[/] {escape(str(message))}", markup=True, highlight=False
+        )
+
+    @wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            return fn(*args, **kwargs)
 
     return wrapper
 
@@ -245,6 +310,22 @@ def check_output_file(path: Path, option: str) -> None:
                 d.rmdir()
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _is_gzip(path: Path) -> bool:
+    """Whether ``path`` is a regular file that starts like gzip data.
+
+    Only regular files are peeked at: a pipe (``<(zcat log.gz)``) read here would lose the
+    bytes read.
+    """
+    if not path.is_file():
+        return False
+    with suppress(OSError), open(path, "rb") as fh:
+        return fh.read(2) == _GZIP_MAGIC
+    return False
+
+
 def load_log(path: Path) -> LoggedRewards:
     """Load LOGGED.jsonl: a missing file is a usage error, a malformed line a failure (line no.)."""
     check_input_file(path, "LOGGED")
@@ -252,7 +333,38 @@ def load_log(path: Path) -> LoggedRewards:
         with spinner(f"reading {path.name}"):
             return load_logged(path)
     except LogFormatError as exc:
+        if exc.line == 1 and _is_gzip(path):
+            # read as text, gzip data fails on its second byte as "not UTF-8": name the cause
+            fail(
+                f"{path}: gzip-compressed; logs are read as plain UTF-8 JSONL: decompress it "
+                f"first (gunzip -k {shlex.quote(str(path))})"
+            )
+        if exc.line == 1:
+            document = _json_document(path)
+            if document is not None:
+                # a pretty-printed export fails on its first line as "invalid line='['"
+                what, jq = document
+                fail(f"{exc}; {path} holds {what}, not JSON Lines: write one prompt's object "
+                     f"per line (jq -c {jq} FILE > LOG.jsonl)")
         fail(str(exc))
+
+
+def _json_document(path: Path) -> tuple[str, str] | None:
+    """What ``path`` holds when it is one JSON array, or one object over several lines (an
+    export written with ``indent``, say), rather than JSON Lines, and the ``jq`` filter that
+    turns it into JSON Lines; None otherwise. Regular files only."""
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+        doc = json.loads(text)
+    except (OSError, ValueError):  # ValueError: invalid JSON or UTF-8
+        return None
+    if isinstance(doc, list):
+        return f"one JSON array of {count_noun(len(doc), 'item')}", "'.[]'"
+    if isinstance(doc, dict) and "\n" in text.strip():
+        return "one JSON object over several lines", "."
+    return None
 
 
 def _read_json(path: Path, option: str) -> Any:
@@ -561,7 +673,7 @@ def select_prompts(
 def _shortest(data: LoggedRewards) -> str:
     """``'id' (n samples)`` of the prompt with the fewest logged samples, for messages."""
     i = int(np.argmin(data.counts))
-    return f"{data.ids[i]!r} ({int(data.counts[i])} logged samples)"
+    return f"{data.ids[i]!r} ({count_noun(int(data.counts[i]), 'logged sample')})"
 
 
 def _default_horizon(data: LoggedRewards) -> tuple[int, list[str]]:
@@ -695,7 +807,9 @@ def log_setup(
                 todo = f"--min-samples {need} leaves such prompts out"
             else:
                 todo = f"no prompt has that many (the longest has {fam_data.max_samples})"
-                if mode != PRIOR_FIT and family in _FIT_FAMILIES:
+                # a fitted prior has k0 <= 1: it needs 2 samples, which a log of single
+                # samples does not have either (--prior fit then fails too)
+                if mode != PRIOR_FIT and family in _FIT_FAMILIES and fam_data.max_samples >= 2:
                     todo += "; a fitted prior needs fewer (--prior fit)"
             usage_error(
                 f"the shortest prompt in {data.source}, {_shortest(fam_data)}, has fewer "
@@ -788,6 +902,13 @@ def horizon_note(requested: int | None, cfg: BeaconConfig, data: LoggedRewards) 
     if requested is None:
         return []
     short = int((data.counts < requested).sum())
+    if short == data.n_prompts:
+        # --min-samples {requested} would leave out every prompt: no advice to give
+        return [
+            f"horizon capped at {cfg.horizon} (asked for {requested}): no prompt has "
+            f"{requested} logged samples (the longest has {data.max_samples}, the shortest "
+            f"{data.min_samples}; best-of-N needs N samples from every prompt)"
+        ]
     return [
         f"horizon capped at {cfg.horizon} (asked for {requested}): {short} of {data.n_prompts} "
         f"prompts have fewer than {requested} logged samples (the shortest has "
@@ -803,6 +924,19 @@ def echo_json(obj: Any) -> None:
     """
     strict = json.loads(json.dumps(obj), parse_constant=lambda _: None)
     typer.echo(json.dumps(strict, indent=2, allow_nan=False))
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` on stdout with every cell whole.
+
+    On a terminal (or ``$COLUMNS``) narrower than the table, rich shrinks the columns and cuts
+    their numbers to ``0.…``; the table is then laid out at its natural width instead, and the
+    terminal wraps the long lines.
+    """
+    natural = Measurement.get(out_console, out_console.options.update_width(1 << 20), table)
+    if natural.maximum > out_console.width:
+        table.width = natural.maximum
+    out_console.print(table)
 
 
 def print_notes(notes: list[str]) -> None:

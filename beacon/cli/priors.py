@@ -20,14 +20,16 @@ from beacon.cli.common import (
     check_output_file,
     echo_json,
     err_console,
+    fail,
     guarded,
     load_log,
+    one_line_warnings,
     out_console,
     parse_transform,
     print_notes,
     usage_error,
 )
-from beacon.errors import RewardError
+from beacon.errors import ConfigError, RewardError
 from beacon.evaluation import name_reward_error
 from beacon.transforms import RewardTransform
 
@@ -37,6 +39,7 @@ _TRANSFORMS = ("none", "logit", "gaussianize")
 
 
 @guarded
+@one_line_warnings
 def fit_prior_command(
     logged: LoggedArg,
     output: Annotated[
@@ -100,6 +103,11 @@ def fit_prior_command(
         )
     except RewardError as exc:
         raise name_reward_error(data, exc) from exc
+    except ConfigError as exc:
+        if exc.field != "rewards":
+            raise
+        # the log's rewards as a whole (too few prompts, no variation, too large): say which log
+        fail(f"{logged}: cannot fit a {family} prior on this log: {exc}")
     doc = fit.to_dict()
     doc["fitted_on"]["source"] = str(logged)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -111,6 +119,11 @@ def fit_prior_command(
         f"fitted {family} prior ({params})"
         + (f" on {fit.transform.kind}-transformed rewards" if fit.transform is not None else "")
         + f" from {doc['fitted_on']['prompts']} prompts / {doc['fitted_on']['rewards']} rewards"
+        + (
+            f" ({doc['fitted_on']['dropped']} more dropped as outliers; --no-robust keeps them)"
+            if doc["fitted_on"].get("dropped")
+            else ""
+        )
         + f"; k0={max(1, fit.prior.k0)}; wrote {output}",
         markup=False,
     )

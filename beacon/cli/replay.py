@@ -27,9 +27,11 @@ from beacon.cli.common import (
     horizon_note,
     load_log,
     log_setup,
+    one_line_warnings,
     options_for,
     out_console,
     print_notes,
+    print_table,
     reward_scale,
     select_prompts,
     spinner,
@@ -187,6 +189,7 @@ def run_replay(
 
 
 @guarded
+@one_line_warnings
 def replay_command(
     logged: LoggedArg,
     cost: Annotated[
@@ -233,7 +236,7 @@ def replay_command(
         f"{logged.name}: {count_noun(ev.n_prompts, 'prompt')}, horizon {ev.horizon}; "
         f"{describe_setup(ev.config, setup.crossfit)}"
     )
-    out_console.print(replay_table(ev, title))
+    print_table(replay_table(ev, title))
     for line in summary_lines(ev):
         out_console.print(line, markup=False)
 

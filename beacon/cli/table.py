@@ -10,6 +10,7 @@ import typer
 from beacon.cli.common import (
     guarded,
     load_prior_file,
+    one_line_warnings,
     option_error,
     out_console,
     spinner,
@@ -23,6 +24,7 @@ __all__ = ["register", "table_command"]
 
 
 @guarded
+@one_line_warnings
 def table_command(
     horizon: Annotated[
         int,
@@ -65,15 +67,24 @@ def table_command(
         with spinner(f"h-index table n={horizon}{wait}"), stopwatch() as elapsed:
             found = find_table(horizon, p.alpha0, p.nu0, precise=precise)
     except ConfigError as exc:
-        if exc.field != "n":
-            raise
-        option_error(exc, "--horizon")  # the table's n is --horizon (too large, for one)
+        if exc.field == "n":
+            # the table's n is --horizon (too large, for one)
+            option_error(ConfigError("horizon", exc.value, exc.reason), "--horizon")
+        if prior is not None and exc.field in ("alpha0", "nu0"):
+            # a prior outside the tables' range: the option is --prior, the culprit its file
+            usage_error(f"{str(prior)!r}: {exc.field}={exc.value!r}: {exc.reason}", "--prior")
+        raise
+    cached = found.path.is_file()
+    source = found.source
+    if not cached and source.endswith(", built and cached"):
+        # find_table names the cache file it tried; the warning shown above says why not
+        source = source.replace(", built and cached", ", built (not cached)")
     out_console.print(
-        f"h-index table n={horizon}, alpha0={p.alpha0:g}, nu0={p.nu0:g}: {found.source}",
+        f"h-index table n={horizon}, alpha0={p.alpha0:g}, nu0={p.nu0:g}: {source}",
         markup=False,
     )
     out_console.print(f"  recipe: {found.table.recipe.name}", markup=False)
-    if found.path.is_file():
+    if cached:
         out_console.print(f"  path: {found.path}", markup=False)
     else:
         out_console.print(f"  path: none (could not write the cache {found.path})", markup=False)

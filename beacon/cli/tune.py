@@ -35,9 +35,11 @@ from beacon.cli.common import (
     horizon_note,
     load_log,
     log_setup,
+    one_line_warnings,
     options_for,
     out_console,
     print_notes,
+    print_table,
     progress_bar,
     reward_scale,
     scale_note,
@@ -637,6 +639,7 @@ def recommendation_lines(res: TuneResult) -> list[str]:
 
 
 @guarded
+@one_line_warnings
 def tune_command(
     logged: LoggedArg,
     plot: Annotated[
@@ -874,9 +877,9 @@ def tune_command(
     print_notes(notes)
     out_console.print(f"{logged.name}: {count_noun(res.n_prompts, 'prompt')}; {subtitle}",
                       markup=False)
-    out_console.print(sweep_table(res))
+    print_table(sweep_table(res))
     if baseline is not None:
-        out_console.print(variants_table([baseline, res]))
+        print_table(variants_table([baseline, res]))
         for line in range_lines([baseline, res]):
             out_console.print(line, markup=False)
     for line in recommendation_lines(res):
