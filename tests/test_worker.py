@@ -1258,11 +1258,12 @@ def test_the_worker_banner_names_prefix_and_queue_and_never_a_password(
     assert started and "--queues=bannerqueue" in started[0]
 
 
-def test_a_prompt_costs_three_redis_round_trips_on_the_worker(
+def test_a_prompt_costs_two_redis_round_trips_on_the_worker(
     tier: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Run counting and the store-id check had taken a prompt from 2 Redis round trips to 5:
-    has the result, start the run's count, store the outcome (ending the count) is 3."""
+    has the result and start the run's count (one script), store the outcome (ending the
+    count) is 2."""
     import collections
 
     import redis
@@ -1303,5 +1304,5 @@ def test_a_prompt_costs_three_redis_round_trips_on_the_worker(
     monkeypatch.setattr(Pipeline, "execute", counted_pipeline)
     for i in range(1, 6):
         assert one(i) == "ok"
-    assert sum(counts.values()) == 3 * 5, counts
+    assert sum(counts.values()) == 2 * 5, counts
     assert store.r.hlen(store._k(job_id, "runs")) == 0  # every run counted as ended

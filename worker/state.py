@@ -66,6 +66,18 @@ if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return n
 """
 
+# KEYS: results, runs, meta; ARGV: key, ttl. What a task does before it runs a prompt, in one
+# round trip: 0 when the prompt has a result (a redelivery: nothing to run), -1 when the job is
+# gone (purged or expired: the outcome would be stored where nobody reads it), else the run is
+# counted as started and the runs started and not ended are returned (JobStore.begin_run).
+_BEGIN_RUN = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
+local n = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return n
+"""
+
 _STORE_ERROR = _END_RUN_IN_STORE + """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
@@ -120,6 +132,7 @@ class JobStore:
         self._store_result = self.r.register_script(_STORE_RESULT)
         self._store_error = self.r.register_script(_STORE_ERROR)
         self._end_run = self.r.register_script(_END_RUN)
+        self._begin_run = self.r.register_script(_BEGIN_RUN)
 
     @classmethod
     def from_settings(cls, settings: Any) -> JobStore:
@@ -280,6 +293,18 @@ class JobStore:
         pipe.expire(k, self.ttl)
         return int(pipe.execute()[0])
 
+    def begin_run(self, job_id: str, key: str) -> int | None:
+        """:meth:`has_result` and :meth:`start_run` in one round trip (what a task does before
+        it runs a prompt): None when ``key`` already has a result (nothing is counted), else
+        the runs of ``key`` started and not ended, this one included. Raises
+        :class:`UnknownJobError` when the job is gone (purged, expired): a message still
+        queued for it must not run, and be paid for, with nowhere to store the outcome."""
+        n = int(self._begin_run(keys=[self._k(job_id, p) for p in ("results", "runs", "meta")],
+                                args=[key, self.ttl]))
+        if n < 0:
+            raise UnknownJobError(job_id)
+        return n or None
+
     def end_run(self, job_id: str, key: str, *, forget: bool = False) -> None:
         """A run of ``key`` ended (``forget``: and the count of its lost runs starts again)."""
         if forget:
@@ -364,7 +389,9 @@ class CollectResult:
     draw (written by another run of the same prompt and spec, e.g. ``beacon run``);
     ``complete``: every outcome of the job is in ``out`` -- nothing was pending when the
     collect started and no outcome changed while it ran (a prompt finishing during the scan
-    may have been missed: collect again). Only then may the job's state be purged."""
+    may have been missed: collect again). Only then may the job's state be purged.
+    ``bad_lines``: how many of the job's failed outcomes are bad input lines (no retry fixes
+    them)."""
 
     written: int
     dpo_written: int
@@ -372,11 +399,13 @@ class CollectResult:
     status: JobStatus
     dpo_foreign: int = 0
     complete: bool = False
+    bad_lines: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"written": self.written, "dpo_written": self.dpo_written,
                 "replaced_errors": self.replaced_errors, "dpo_foreign": self.dpo_foreign,
-                "complete": self.complete, **self.status.to_dict()}
+                "complete": self.complete, "bad_lines": self.bad_lines,
+                **self.status.to_dict()}
 
 
 def purge_refusal(c: CollectResult, *, allow_failed: bool = False) -> str | None:
@@ -394,11 +423,28 @@ def purge_refusal(c: CollectResult, *, allow_failed: bool = False) -> str | None
         return ("prompts finished while this collect ran and may not be in the output yet; "
                 "collect again")
     if st.failed and not allow_failed:
-        return (f"{st.failed} prompt(s) failed: purging would forget which prompts are "
+        if c.bad_lines >= st.failed:  # nothing a retry could fix: say so, not "retry them"
+            return (f"{st.failed} bad input line(s) failed, which no retry fixes: purging "
+                    "would forget which prompts are finished, so submitting the file again "
+                    f"would run, and pay for, all {st.total} prompts again. Add --purge-failed "
+                    "to purge anyway and give the bad lines up")
+        bad = (f" ({c.bad_lines} of them bad input lines, which no retry fixes)"
+               if c.bad_lines else "")
+        return (f"{st.failed} prompt(s) failed{bad}: purging would forget which prompts are "
                 "finished, so retrying them (beacon submit PROMPTS --retry-failed) would run, "
                 f"and pay for, all {st.total} prompts again. Retry the failed ones, collect, "
                 "then purge; or add --purge-failed to purge anyway and give them up")
     return None
+
+
+def _draw(line: dict[str, Any]) -> tuple[bytes, Any]:
+    """What tells two output lines of one prompt key apart: the same draw has the same best
+    response (compared by a 128-bit digest of its JSON) and the same reward."""
+    import hashlib
+
+    best = json.dumps(line.get("best"), sort_keys=True, ensure_ascii=False)
+    return (hashlib.blake2b(best.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
+            line.get("reward"))
 
 
 def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Path | None = None,
@@ -413,20 +459,25 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
     by a collect without ``dpo``) -- unless that line holds another draw of the prompt (the
     same key written by another run, e.g. ``beacon run`` of the same prompts and spec): a pair
     always comes from its line's draw, so such pairs are counted in ``dpo_foreign`` instead.
+    Lines are written as the job's hashes are scanned (batches of about 500 entries); what is
+    held for the whole collect is bounded per prompt: the keys in ``out`` and ``dpo`` and, with
+    ``dpo``, a digest and reward per ok line of ``out`` -- never the responses.
     """
     from beacon.jobs.dpo import DpoWriter
     from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
 
     before = store.status(job_id)  # raises UnknownJobError before any file is touched
-    written = dpo_written = foreign = 0
+    written = dpo_written = foreign = bad_lines = 0
     with KeyedJsonlWriter(out, fsync=fsync) as out_w:
         failed_here: dict[str, dict[str, Any]] = {}  # error lines already there, by key
-        drawn: dict[str, tuple[Any, Any]] = {}  # ok lines already there: key -> (best, reward)
+        # ok lines already there: key -> their draw, a digest of the best response (not the
+        # text: a large job's responses need not fit in memory) and its reward
+        drawn: dict[str, tuple[bytes, Any]] = {}
         for rec in read_jsonl(out):
             if rec.get("ok") is False:
                 failed_here[str(rec["key"])] = rec
             elif dpo is not None and rec.get("ok") is True:
-                drawn[str(rec["key"])] = (rec.get("best"), rec.get("reward"))
+                drawn[str(rec["key"])] = _draw(rec)
         replaced = 0
         if failed_here:
             keys = list(failed_here)
@@ -445,15 +496,15 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
                 # The pair too when the line is already there (collected earlier without
                 # --dpo, or cut off by an interruption): the DPO writer keeps one per key.
                 if dpo_w is not None and payload.get("dpo") is not None:
-                    line = payload["record"]
                     there = drawn.get(key)
-                    if there is None or there == (line.get("best"), line.get("reward")):
+                    if there is None or there == _draw(payload["record"]):
                         dpo_written += int(dpo_w.write(payload["dpo"]))
                     elif key not in dpo_w:
                         foreign += 1
                 if key not in out_w:
                     written += int(out_w.write(payload["record"]))
             for key, payload in store.iter_errors(job_id):
+                bad_lines += "lines" in payload["record"]  # line_error_record's own field
                 if key not in out_w:
                     written += int(out_w.write(payload["record"]))
         finally:
@@ -465,4 +516,4 @@ def collect_job(store: JobStore, job_id: str, out: str | Path, *, dpo: str | Pat
     # (a retry) would have moved the counts -- so the scan above saw every outcome.
     complete = before.finished and (before.total, before.done, before.failed) == (
         after.total, after.done, after.failed)
-    return CollectResult(written, dpo_written, replaced, after, foreign, complete)
+    return CollectResult(written, dpo_written, replaced, after, foreign, complete, bad_lines)

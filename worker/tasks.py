@@ -10,7 +10,9 @@ connection pools are shared by all prompts and all threads of the process, and w
 signal-based soft time limit then lands in the waiting thread, never inside the loop.
 
 Idempotency. A task first looks its key up in the job's results and returns at once if a result
-is there (a redelivery after a worker died between storing and acknowledging); results are
+is there (a redelivery after a worker died between storing and acknowledging), or if the job is
+no longer in the state store (purged or expired: nothing would read the outcome); the same round
+trip counts the run as started (``BEACON_MAX_LOST_RUNS``, :meth:`JobStore.begin_run`); results are
 stored with ``HSETNX`` (:mod:`worker.state`), so a duplicate delivery racing the first one
 cannot write twice. With ``acks_late`` and ``task_reject_on_worker_lost`` a killed worker's
 messages are redelivered (prefork child lost: at once; whole worker lost: after the Redis
@@ -394,54 +396,85 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
                spec: str | dict[str, Any]) -> str:
     """Run BEACON on one prompt of job ``job_id`` and store the outcome under ``key``.
 
-    Returns ``"ok"``, ``"failed"`` (an error record was stored) or ``"duplicate"`` (a result
-    already existed; nothing was run). A message whose job lives in another state store is
-    rejected with requeue (:class:`ForeignStoreError`, see the module docstring).
+    Returns ``"ok"``, ``"failed"`` (an error record was stored), ``"duplicate"`` (a result
+    already existed; nothing was run) or ``"unknown-job"`` (the job is no longer in the state
+    store, purged or expired: nothing was run or stored). A message whose job lives in another
+    state store is rejected with requeue (:class:`ForeignStoreError`, see the module docstring).
+    Redis round trips per prompt: two (:meth:`JobStore.begin_run`, then the outcome's store,
+    which also ends the run), plus one per process for each spec it has not seen yet.
     """
     try:
         store = _store_for_message(job_id, _headers(self.request))
     except ForeignStoreError as exc:
         _refuse(job_id, key, exc)
-    if store.has_result(job_id, key):
-        return "duplicate"
-    rec: PromptRecord | None = None
-    try:
-        job = _job_spec(job_id, spec, store)
-        rec = PromptRecord.from_dict(record, line=line)
-        if prompt_key(rec, job) != key:
-            raise JobInputError("key", key, "does not match the prompt and job spec (the "
-                                            "message was altered or built by another version)")
-    except (JobInputError, ValueError, TypeError) as exc:
-        store.store_error(job_id, key, {"record": error_record(key, rec, exc, line=line)})
-        return "failed"
     # A run cut off by the death of its process (SIGKILL, out of memory, a crash, the hard
-    # time limit) never reaches the ``finally`` below: its count stays. Celery redelivers such
-    # a message at once (task_reject_on_worker_lost) and the sweeper resends one acknowledged
-    # by the hard limit, so without a bound a prompt that kills its worker runs forever.
-    # An earlier attempt of this message that raised for a retry (autoretry: Redis down while
-    # it stored its outcome) did not die, but its decrement may have been lost with Redis:
-    # each such attempt is taken off the count, so an outage is never called a dead process.
-    retried = getattr(self.request, "retries", 0)
-    retried = retried if isinstance(retried, int) and retried > 0 else 0
-    lost = max(0, store.start_run(job_id, key) - 1 - retried)
-    if settings.max_lost_runs and lost >= settings.max_lost_runs:
-        why = LostRunsError(
-            "BEACON_MAX_LOST_RUNS", settings.max_lost_runs,
-            f"the worker process running this prompt died {lost} time(s) before it finished "
-            f"(killed, out of memory, a crash, or over BEACON_TIME_LIMIT="
-            f"{settings.time_limit:g} s); not run again: fix the cause, then submit with "
-            "--retry-failed")
-        log.error("prompt %r of job %s: %s", rec.id, job_id, why)
-        store.store_error(job_id, key, {"record": error_record(key, rec, why)})
-        store.end_run(job_id, key, forget=True)  # a --retry-failed starts a fresh count
-        return "failed"
+    # time limit) never ends its count (below): it stays. Celery redelivers such a message at
+    # once (task_reject_on_worker_lost) and the sweeper resends one acknowledged by the hard
+    # limit, so without a bound a prompt that kills its worker runs forever.
     try:
+        runs = store.begin_run(job_id, key)
+    except UnknownJobError:
+        _gone(store, job_id, key)
+        return "unknown-job"
+    if runs is None:
+        return "duplicate"
+    try:
+        rec: PromptRecord | None = None
+        try:
+            job = _job_spec(job_id, spec, store)
+            rec = PromptRecord.from_dict(record, line=line)
+            if prompt_key(rec, job) != key:
+                raise JobInputError("key", key, "does not match the prompt and job spec (the "
+                                                "message was altered or built by another "
+                                                "version)")
+        except UnknownJobError:  # purged between the check and the spec's read
+            store.end_run(job_id, key)
+            _gone(store, job_id, key)
+            return "unknown-job"
+        except (JobInputError, ValueError, TypeError) as exc:
+            store.store_error(job_id, key, {"record": error_record(key, rec, exc, line=line)},
+                              end_run=True)
+            return "failed"
+        # An earlier attempt of this message that raised for a retry (autoretry: Redis down
+        # while it stored its outcome) did not die, but its decrement may have been lost with
+        # Redis: each such attempt is taken off the count, so an outage is never called a dead
+        # process.
+        retried = getattr(self.request, "retries", 0)
+        retried = retried if isinstance(retried, int) and retried > 0 else 0
+        lost = max(0, runs - 1 - retried)
+        if settings.max_lost_runs and lost >= settings.max_lost_runs:
+            why = LostRunsError(
+                "BEACON_MAX_LOST_RUNS", settings.max_lost_runs,
+                f"the worker process running this prompt died {lost} time(s) before it "
+                f"finished (killed, out of memory, a crash, or over BEACON_TIME_LIMIT="
+                f"{settings.time_limit:g} s); not run again: fix the cause, then submit with "
+                "--retry-failed")
+            log.error("prompt %r of job %s: %s", rec.id, job_id, why)
+            store.store_error(job_id, key, {"record": error_record(key, rec, why)})
+            store.end_run(job_id, key, forget=True)  # a --retry-failed starts a fresh count
+            return "failed"
         # returns only once the outcome is stored, which also counted the run as ended
         return _run(store, job_id, key, rec, job)
     except BaseException:
         with contextlib.suppress(*TRANSIENT_ERRORS):  # a lost decrement costs one count
             store.end_run(job_id, key)
         raise
+
+
+_gone_jobs: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+
+def _gone(store: JobStore, job_id: str, key: str) -> None:
+    # Once per job and process: a purged job may leave a whole queue of messages behind.
+    with _lock:
+        first = (store.prefix, job_id) not in _gone_jobs
+        _gone_jobs[(store.prefix, job_id)] = None
+        while len(_gone_jobs) > 256:
+            _gone_jobs.popitem(last=False)
+    (log.warning if first else log.debug)(
+        "prompt %s of job %s not run: the job is not in the state store under "
+        "BEACON_KEY_PREFIX=%r (purged, or expired BEACON_JOB_TTL after its last write); its "
+        "messages are dropped", key, job_id, store.prefix)
 
 
 def _run(store: JobStore, job_id: str, key: str, rec: PromptRecord, job: JobSpec) -> str:

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -692,15 +692,25 @@ def run_command(
 
 
 # -- the worker tier ----------------------------------------------------------------------------
+def _missing_extra(exc: ModuleNotFoundError) -> NoReturn:
+    """Exit with one ``error:`` line for a worker-tier import that failed. The hint naming the
+    extra is given once: ``worker/__init__.py`` already puts it in the errors of its modules,
+    and :func:`beacon.cli.missing_extra_message` adds it only where it is missing. A missing
+    module of no extra is a bug, re-raised."""
+    from beacon.cli import missing_extra_message
+
+    message = missing_extra_message(exc)
+    if message is None:
+        raise exc
+    fail(message)
+
+
 def _store() -> Any:
     try:
         from worker.config import WorkerSettings
         from worker.state import JobStore
     except ModuleNotFoundError as exc:
-        fail(
-            f"the worker tier needs the 'worker' extra (pip install 'beacon-sampling[worker]'):"
-            f" {exc}"
-        )
+        _missing_extra(exc)
     try:
         settings = WorkerSettings.from_env()
     except ConfigError as exc:
@@ -815,14 +825,14 @@ def submit_command(
     if out is not None:
         _check_outputs(prompts, out, dpo)
     spec = _job_spec(locals())
-    import redis
-
     from beacon.jobs.spec import iter_prompt_file
 
     try:
+        import redis
+
         from worker.tasks import BrokerUnavailableError, submit_job
     except ModuleNotFoundError as exc:
-        fail(f"the worker tier needs the 'worker' extra: {exc}")
+        _missing_extra(exc)
     h = hashlib.sha256()
     with prompts.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -905,10 +915,17 @@ def status_command(
     payload: dict[str, Any] = st.to_dict()
     rq = None
     if requeue_lost:
-        from worker.app import settings
-        from worker.recovery import BrokerInspectionError
-        from worker.recovery import requeue_lost as find_and_resend
-        from worker.tasks import resend
+        try:
+            import redis
+            from kombu.exceptions import OperationalError
+
+            from worker.app import settings
+            from worker.config import url_without_credentials
+            from worker.recovery import BrokerInspectionError
+            from worker.recovery import requeue_lost as find_and_resend
+            from worker.tasks import resend
+        except ModuleNotFoundError as exc:
+            _missing_extra(exc)
 
         try:
             rq = find_and_resend(
@@ -921,6 +938,13 @@ def status_command(
             )
         except BrokerInspectionError as exc:
             fail(str(exc))
+        except (OperationalError, redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError) as exc:
+            # the state store answered the status just above: it is the broker (read for
+            # its queued messages, or written with the resent ones) that is down
+            fail(f"cannot reach the broker {url_without_credentials(settings.broker_url)}: "
+                 f"{str(exc).rstrip('.')}; lost prompts were not (all) sent again: run "
+                 "--requeue-lost again once it is back")
         payload["requeue"] = rq.to_dict()
     if as_json:
         typer.echo(json.dumps(payload, indent=2))
@@ -972,8 +996,10 @@ def collect_command(
 
     Exit 0 when the job is finished with no failures, 1 when prompts failed or are pending.
     """
-    from worker.state import collect_job, purge_refusal
-
+    try:
+        from worker.state import collect_job, purge_refusal
+    except ModuleNotFoundError as exc:
+        _missing_extra(exc)
     _check_collect_files(out, dpo)  # before waiting: a usage error must not come hours late
     if purge_failed and not purge:
         usage_error("--purge-failed only goes with --purge", "--purge-failed")
@@ -1072,7 +1098,7 @@ def worker_command(
     try:
         from worker.app import app, settings
     except ModuleNotFoundError as exc:
-        fail(f"the worker tier needs the 'worker' extra: {exc}")
+        _missing_extra(exc)
     except ConfigError as exc:
         fail(str(exc))
     # Gossip and mingle are cluster chatter this tier does not use (no revokes, no events);
