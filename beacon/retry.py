@@ -3,6 +3,14 @@
 Backoff before retry ``i`` (1-based) is ``d_i = min(max_delay, base_delay * multiplier**(i-1))``
 seconds, multiplied by a uniform jitter factor in ``[1 - jitter, 1]`` ("equal"/"full" jitter for
 ``jitter`` = 0.5 / 1.0), so that many queries failing together do not retry in lockstep.
+
+A server's ``Retry-After`` (:func:`retry_after_of`) is a floor on that wait: the engine waits
+``max(d_i, retry_after)``, in full even beyond ``max_delay`` (a retry before that time would
+only be refused again and burn an attempt), up to ``max_retry_after`` seconds (default 60, the
+order of the longest waits the OpenAI and Anthropic SDKs honour). A server asking for longer is
+not waited for: :meth:`RetryPolicy.should_retry` ends the call with
+:class:`RetryAfterTooLongError`. A query's ``Budget(max_seconds=...)`` still ends it at its
+deadline, waits included.
 """
 
 from __future__ import annotations
@@ -19,7 +27,14 @@ from typing import Any, cast
 from beacon._checks import is_real, positive_int, real_as_float
 from beacon.errors import ConfigError
 
-__all__ = ["RetryPolicy", "TransientError", "is_retryable", "parse_retry_after", "retry_after_of"]
+__all__ = [
+    "RetryAfterTooLongError",
+    "RetryPolicy",
+    "TransientError",
+    "is_retryable",
+    "parse_retry_after",
+    "retry_after_of",
+]
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 
@@ -28,6 +43,32 @@ class TransientError(Exception):
     """Raise (or subclass) this from a generate/score callable to request a retry."""
 
     retryable = True
+
+
+class RetryAfterTooLongError(ConfigError):
+    """A retryable failure whose server asked to wait longer than the policy allows.
+
+    Raised (from the failure, its ``__cause__``) by :meth:`RetryPolicy.should_retry` instead of
+    waiting longer than its ``max_retry_after`` or retrying before the server's
+    ``Retry-After``: the call ends at once. A :class:`beacon.ConfigError` naming
+    ``max_retry_after`` and its value, the setting to raise to wait that long; ``retry_after``
+    is the server's wait in seconds. Not retryable.
+    """
+
+    retryable = False
+
+    def __init__(self, retry_after: float, max_retry_after: float) -> None:
+        self.retry_after = retry_after
+        hint = (
+            f" (raise max_retry_after to at least {retry_after:g} s to wait)"
+            if math.isfinite(retry_after) else ""
+        )
+        super().__init__(
+            "max_retry_after", max_retry_after,
+            f"the server asked to wait {retry_after:g} s before retrying (Retry-After), "
+            f"longer than max_retry_after allows; retrying sooner would be refused again, so "
+            f"the call was not retried{hint}",
+        )
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -92,7 +133,7 @@ def retry_after_of(exc: BaseException) -> float | None:
     ra = getattr(exc, "retry_after", None)
     if ra is not None and is_real(ra):
         f = real_as_float(ra)
-        return f if f >= 0 else None  # NaN and negatives: no hint; inf: the cap applies
+        return f if f >= 0 else None  # NaN and negatives: no hint; inf: beyond max_retry_after
     headers = getattr(getattr(exc, "response", None), "headers", None)
     if headers is None:
         return None
@@ -138,7 +179,9 @@ class RetryPolicy:
         max_attempts: attempts per call, the first included (1 = no retry).
         base_delay: seconds before the first retry.
         multiplier: growth factor of the delay per retry (exponential backoff).
-        max_delay: cap on one delay, seconds.
+        max_delay: cap on one backoff delay, seconds (not on a server's ``Retry-After``).
+        max_retry_after: the longest server ``Retry-After`` waited for, seconds; a longer one
+            ends the call (see :meth:`should_retry`).
         jitter: fraction of the delay randomised away, in [0, 1]; the wait is uniform in
             ``[d * (1 - jitter), d]``.
         retry_on: predicate deciding retryability; ``None`` uses :func:`is_retryable`. The
@@ -150,12 +193,13 @@ class RetryPolicy:
     base_delay: float = 0.5
     multiplier: float = 2.0
     max_delay: float = 10.0
+    max_retry_after: float = 60.0
     jitter: float = 1.0
     retry_on: Callable[[Exception], bool] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_attempts", positive_int("max_attempts", self.max_attempts))
-        for name in ("base_delay", "max_delay"):
+        for name in ("base_delay", "max_delay", "max_retry_after"):
             v = getattr(self, name)
             if not is_real(v) or not 0 <= v < math.inf:
                 raise ConfigError(name, v, "must be a finite number of seconds >= 0")
@@ -169,7 +213,7 @@ class RetryPolicy:
             raise ConfigError(
                 "retry_on", self.retry_on, "must be a callable exc -> bool, or None"
             )
-        for name in ("base_delay", "max_delay", "multiplier", "jitter"):
+        for name in ("base_delay", "max_delay", "max_retry_after", "multiplier", "jitter"):
             object.__setattr__(self, name, float(getattr(self, name)))
 
     @classmethod
@@ -178,22 +222,37 @@ class RetryPolicy:
         return cls(max_attempts=1)
 
     def should_retry(self, exc: BaseException, attempt: int) -> bool:
-        """Retry after failed attempt number ``attempt`` (1-based)?"""
+        """Retry after failed attempt number ``attempt`` (1-based)?
+
+        ``False`` when the attempts are spent or ``exc`` is not retryable (``retry_on``, else
+        :func:`is_retryable`). A retryable ``exc`` whose server asked to wait longer than
+        ``max_retry_after`` (its :func:`retry_after_of`) raises
+        :class:`RetryAfterTooLongError` from ``exc`` instead: a retry before that time would
+        be refused again and burn an attempt. Otherwise the caller waits
+        ``max(delay(attempt), retry_after)`` seconds.
+        """
         if attempt >= self.max_attempts:
             return False
         # ``retry_on`` is typed for the Exceptions the engine passes; a direct caller passing
         # another BaseException reaches it unchanged, as before.
         pred = cast(Callable[[BaseException], bool], self.retry_on or is_retryable)
         try:
-            return bool(pred(exc))
+            retry = bool(pred(exc))
         except Exception as perr:
             # A broken predicate must not hide the call's own error: report both.
             raise ConfigError(
                 "retry_on", pred, f"raised {perr!r} deciding whether to retry {exc!r}"
             ) from exc
+        if not retry:
+            return False
+        ra = retry_after_of(exc)
+        if ra is not None and ra > self.max_retry_after:
+            raise RetryAfterTooLongError(ra, self.max_retry_after) from exc
+        return True
 
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait before retry number ``retry`` (1-based), jitter applied."""
+        """Seconds to wait before retry number ``retry`` (1-based), jitter applied (the
+        backoff alone: a server's ``Retry-After`` is a floor on it, see the module doc)."""
         try:
             growth = self.multiplier ** (retry - 1)
         except OverflowError:  # hundreds of retries: the cap has long been reached
@@ -213,5 +272,6 @@ class RetryPolicy:
             "base_delay": self.base_delay,
             "multiplier": self.multiplier,
             "max_delay": self.max_delay,
+            "max_retry_after": self.max_retry_after,
             "jitter": self.jitter,
         }

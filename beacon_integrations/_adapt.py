@@ -405,9 +405,25 @@ class _LIScore:
             extra = {} if contexts is None else {"contexts": contexts}
             res = await self.scorer.aevaluate(query=query.text, response=response, **extra)
             if res.score is None:
-                raise _reward_error(res, "evaluator returned no score")
+                raise _no_score(res)
             return res.score
         return await _maybe_await(self.scorer(query.text, response))
+
+
+def _no_score(res: Any) -> RewardError:
+    """The error of an evaluator result without a score: it says why (the evaluator's
+    ``invalid_reason``, or that it gave only ``passing``) without the result's repr, which
+    holds the query, the response and every context. ``value`` is the result itself."""
+    reason = "evaluator returned no score"
+    invalid = getattr(res, "invalid_reason", None)
+    passing = getattr(res, "passing", None)
+    if getattr(res, "invalid_result", False):
+        reason += f"; it marked its result invalid: {invalid or 'no reason given'}"
+    elif passing is not None:
+        reason += f", only passing={passing}"
+    err = _reward_error(None, reason)
+    err.value = res
+    return err
 
 
 def li_score(scorer: Any) -> _LIScore:

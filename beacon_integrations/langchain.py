@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
+    AsyncCallbackManagerForToolRun,
     CallbackManagerForChainRun,
+    CallbackManagerForToolRun,
     adispatch_custom_event,
 )
 from langchain_core.language_models import LanguageModelInput
@@ -52,9 +54,9 @@ from langchain_core.runnables.base import coerce_to_runnable
 from langchain_core.runnables.config import patch_config
 from langchain_core.runnables.retry import RunnableRetry
 from langchain_core.runnables.utils import ConfigurableFieldSpec, get_unique_config_specs
-from langchain_core.tools import BaseTool, StructuredTool, ToolException
-from langchain_core.utils.pydantic import TypeBaseModel
-from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator
+from langchain_core.tools import BaseTool, ToolException
+from langchain_core.utils.pydantic import TypeBaseModel, get_fields
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf, RootModel, field_validator
 from typing_extensions import TypeVar
 
 from beacon._checks import is_real, positive_int
@@ -240,6 +242,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             default (3 attempts, exponential backoff with jitter, retryable errors only).
         timeout: seconds allowed per model or scorer attempt (a number > 0, checked at
             construction), not counting the wait for ``rate_limiter``; ``None`` for no limit.
+            A synchronous scorer callable runs on the event loop, where nothing interrupts it
+            (one that overruns is failed once it returns): make a slow scorer async, or wrap
+            a blocking one in ``RunnableLambda`` (LangChain runs it in a worker thread).
         budget: per-query caps on tokens, money or wall time (stop reason ``budget``).
     """
 
@@ -378,21 +383,38 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             specs.extend(self.scorer.config_specs)
         return get_unique_config_specs(specs)
 
-    def _template_model(self) -> bool:
-        """Whether the model starts with a prompt template (``prompt | chat``): its input is
-        then that template's variables, not a string or messages."""
-        return isinstance(_head(self.model), BasePromptTemplate)
+    def _named_input_schema(self, config: RunnableConfig | None = None) -> TypeBaseModel | None:
+        """The model's input schema when its input is a dict of named variables, else ``None``.
+
+        Named: the model starts with a prompt template (``prompt | chat``; its variables), or
+        with another runnable that declares named fields, e.g. a retrieval step
+        ``{"context": itemgetter("question") | retriever, "question": itemgetter("question")}
+        | prompt | chat`` or ``RunnablePassthrough.assign(...) | prompt | chat``. A chat model,
+        or a runnable taking one value (a root schema), is not.
+        """
+        schema = self.model.get_input_schema(config)
+        if isinstance(_head(self.model), BasePromptTemplate):
+            return schema
+        if (
+            isinstance(schema, type)
+            and issubclass(schema, BaseModel)
+            and not issubclass(schema, RootModel)
+            and schema.model_fields
+        ):
+            return schema
+        return None
 
     @property
     def InputType(self) -> Any:
-        return self.model.InputType if self._template_model() else LanguageModelInput
+        named = self._named_input_schema() is not None
+        return self.model.InputType if named else LanguageModelInput
 
     def get_input_schema(self, config: RunnableConfig | None = None) -> TypeBaseModel:
-        """The model's own input schema when it starts with a prompt template (the input goes
-        to it unchanged: a dict of the template's variables), else ``LanguageModelInput``'s."""
-        if self._template_model():
-            return self.model.get_input_schema(config)
-        return super().get_input_schema(config)
+        """The model's own input schema when its input is a dict of named variables (a prompt
+        template's, or a retrieval step's: see :meth:`_named_input_schema`; the input goes to
+        the model unchanged), else ``LanguageModelInput``'s."""
+        named = self._named_input_schema(config)
+        return named if named is not None else super().get_input_schema(config)
 
     @property
     def OutputType(self) -> Any:
@@ -684,7 +706,16 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
     def as_beacon_tool(
         self, name: str, description: str, *, return_direct: bool = False
     ) -> BaseTool:
-        """A ``BaseTool`` taking ``question: str`` and answering with the best response text.
+        """A ``BaseTool`` answering with the best response text.
+
+        Its arguments follow the runnable's input: when that is a dict of named variables (the
+        model starts with a prompt template, e.g. ``ChatPromptTemplate.from_messages([("system",
+        "You are a {role}"), ("human", "{question}")]) | chat``, or with a retrieval step: see
+        :meth:`get_input_schema`), the tool takes exactly those variables, with the model's
+        own schema (required and optional ones, types), so an agent fills every one; a call
+        missing one is rejected by that schema (a pydantic ``ValidationError``) before any
+        sample is drawn. Otherwise (a chat model, a runnable taking one value) it takes
+        ``question: str``, which becomes the runnable's input.
 
         The tool's artifact (``response_format="content_and_artifact"``) is the
         ``BeaconResult.to_dict()``: every candidate, reward and the stop reason. The BEACON run
@@ -703,42 +734,88 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             )
         if not isinstance(description, str) or not description:
             raise ConfigError("description", description, "must be a non-empty string")
-        runner = cast(
-            "BeaconRunnable[BeaconResult]", self.model_copy(update={"return_result": True})
-        )
-
-        def content(res: BeaconResult) -> tuple[str, dict[str, Any]]:
-            best = res.best
-            if best is None:
-                raise ToolException(str(BeaconSamplingError(res)))
-            return best.text, res.to_dict()
-
-        # LangChain hands the function the config the *tool* was called with and the tool
-        # run's child callbacks separately (``callbacks``): the BEACON run is invoked under
-        # those, so it nests under the tool run (as LangChain's own child_config does).
-        def child(config: RunnableConfig, callbacks: Any) -> RunnableConfig:
-            return patch_config(config, callbacks=callbacks) if callbacks is not None else config
-
-        async def abest(
-            question: str, config: RunnableConfig, callbacks: Any = None
-        ) -> tuple[str, dict[str, Any]]:
-            return content(await runner.ainvoke(question, child(config, callbacks)))
-
-        def best(
-            question: str, config: RunnableConfig, callbacks: Any = None
-        ) -> tuple[str, dict[str, Any]]:
-            return content(runner.invoke(question, child(config, callbacks)))
-
-        class Question(BaseModel):
-            question: str = Field(description="The question to answer.")
-
-        return StructuredTool.from_function(
-            func=best,
-            coroutine=abest,
+        runner = self.model_copy(update={"return_result": True})
+        named = runner._named_input_schema()
+        return _BeaconTool(
             name=name,
             description=description,
-            args_schema=Question,
+            args_schema=_Question if named is None else named,
             return_direct=return_direct,
             response_format="content_and_artifact",
             handle_tool_error=True,
+            runner=runner,
+            single=None if named is not None else "question",
         )
+
+
+class _Question(BaseModel):
+    question: str = Field(description="The question to answer.")
+
+
+class _BeaconTool(BaseTool):
+    """The agent tool of :meth:`BeaconRunnable.as_beacon_tool`.
+
+    ``runner`` is the ``BeaconRunnable`` (with ``return_result=True``); ``single`` names the
+    argument that is its whole input (``"question"``), or is ``None`` when the validated
+    arguments, a dict of the model's variables, are the input.
+    """
+
+    runner: Any = Field(exclude=True)
+    single: str | None = None
+
+    def _to_args_and_kwargs(
+        self, tool_input: str | dict[str, Any], tool_call_id: str | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # The validated arguments travel as one dict, not as keyword arguments: a prompt
+        # variable named ``config``, ``callbacks`` or ``run_manager`` would otherwise be
+        # overwritten by what LangChain injects under those names.
+        fields = list(get_fields(self.args_schema)) if isinstance(self.args_schema, type) else []
+        if not fields:  # a template without variables: nothing to validate
+            return ({},), {}
+        parsed = self._parse_input(tool_input, tool_call_id)
+        if isinstance(parsed, str):  # a bare string is the first argument, as LangChain reads it
+            return ({fields[0]: parsed},), {}
+        # Only the arguments the call gave: the default LangChain's parsing fills in for one it
+        # left out (``None`` for an optional ``MessagesPlaceholder``) is no value the prompt
+        # template accepts, whereas a variable left out gets the template's own default.
+        given = tool_input if isinstance(tool_input, dict) else {}
+        return ({k: v for k, v in parsed.items() if k in given},), {}
+
+    def _input(self, args: dict[str, Any]) -> Any:
+        return args[self.single] if self.single is not None else args
+
+    def _run(
+        self,
+        args: dict[str, Any],
+        *,
+        config: RunnableConfig,
+        run_manager: CallbackManagerForToolRun | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        res = self.runner.invoke(self._input(args), _tool_child(config, run_manager))
+        return _tool_content(res)
+
+    async def _arun(
+        self,
+        args: dict[str, Any],
+        *,
+        config: RunnableConfig,
+        run_manager: AsyncCallbackManagerForToolRun | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        res = await self.runner.ainvoke(self._input(args), _tool_child(config, run_manager))
+        return _tool_content(res)
+
+
+def _tool_child(config: RunnableConfig, run_manager: Any) -> RunnableConfig:
+    """The config a tool's BEACON run is invoked with: the tool's own config with the tool
+    run's child callbacks, so that the run nests under the tool run (as LangChain's own
+    child_config does); LangChain hands a tool the two separately."""
+    if run_manager is None:
+        return config
+    return patch_config(config, callbacks=run_manager.get_child())
+
+
+def _tool_content(res: BeaconResult) -> tuple[str, dict[str, Any]]:
+    best = res.best
+    if best is None:
+        raise ToolException(str(BeaconSamplingError(res)))
+    return best.text, res.to_dict()

@@ -69,9 +69,10 @@ async def guarded_call(
     exception when it is not retryable or the attempts are exhausted; a per-attempt timeout is
     a ``TimeoutError`` saying which call and how long, a ``CancelledError`` raised by ``fn``
     itself a :class:`CallCancelledError`. The wait before a retry is the policy's jittered
-    backoff, or the server's wait when larger (capped at ``max_delay``): the error's
-    ``retry_after`` seconds, else its response's ``retry-after-ms`` / ``retry-after`` header
-    (:func:`beacon.retry.retry_after_of`).
+    backoff, or the server's wait when larger (in full, up to the policy's
+    ``max_retry_after``; a longer one ends the call with
+    :class:`beacon.retry.RetryAfterTooLongError`): the error's ``retry_after`` seconds, else its
+    response's ``retry-after-ms`` / ``retry-after`` header (:func:`beacon.retry.retry_after_of`).
     Cancellation of the calling task always propagates at once.
     """
     attempt = 0
@@ -91,10 +92,11 @@ async def guarded_call(
             if not guard.retry.should_retry(exc, attempt):
                 raise
             delay = guard.retry.delay(attempt, guard.rng)
-            # Honour a server's Retry-After up to the policy's cap.
+            # A server's Retry-After is honoured in full (should_retry refused one beyond the
+            # policy's max_retry_after): an earlier retry would only be refused again.
             ra = retry_after_of(exc)
             if ra is not None and ra > delay:
-                delay = min(ra, guard.retry.max_delay)
+                delay = ra
         await asyncio.sleep(delay)
 
 

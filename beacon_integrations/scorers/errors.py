@@ -31,7 +31,9 @@ class RewardHTTPError(ScorerError):
     """The endpoint answered with a non-2xx status.
 
     Retryable for 408, 425, 429 and 5xx. ``retry_after`` holds the server's ``Retry-After``
-    seconds when it sent one (the engine waits at least that long before retrying).
+    seconds when it sent one (the engine waits at least that long before retrying, or gives up
+    at once when that is longer than its policy's ``max_retry_after``:
+    :class:`beacon.retry.RetryAfterTooLongError`).
     """
 
     def __init__(self, status: int, url: str, body: str = "", retry_after: float | None = None):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import os
 import re
 import threading
@@ -40,6 +41,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from beacon._checks import is_real
 from beacon.engine.protocol import as_reward
 from beacon.errors import ConfigError, RewardError
 from beacon.retry import parse_retry_after
@@ -90,7 +92,9 @@ def _check_url(url: Any) -> None:
         raise ConfigError("url", _safe_url(url), "has no host (expected http(s)://host/path)")
 
 
-_BAD_HEADER_CHARS = re.compile(r"[\r\n]")
+# The control characters a header field may not hold (RFC 9110 section 5.5; horizontal tab is
+# allowed): aiohttp refuses to send them, but only at request time, with a bare ValueError.
+_BAD_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def _check_headers(headers: Any) -> dict[str, str]:
@@ -102,10 +106,14 @@ def _check_headers(headers: Any) -> dict[str, str]:
         )
     for k, v in headers.items():
         if not isinstance(k, str) or not k or _BAD_HEADER_CHARS.search(k):
-            raise ConfigError("headers", k, "header names must be non-empty one-line strings")
+            raise ConfigError(
+                "headers", k,
+                "header names must be non-empty one-line strings without control characters",
+            )
         if not isinstance(v, str) or _BAD_HEADER_CHARS.search(v):
             raise ConfigError(
-                f"headers[{k!r}]", v, "header values must be one-line strings"
+                f"headers[{k!r}]", v,
+                "header values must be one-line strings without control characters",
             )
     return dict(headers)
 
@@ -307,10 +315,14 @@ class HttpRewardScorer:
             put secrets here; use ``api_key_env``).
         api_key_env: name of the environment variable holding the API key.
         auth_header / auth_scheme: how the key is sent (``Authorization: Bearer <key>``);
-            ``auth_scheme=""`` sends the bare key (e.g. ``auth_header="x-api-key"``).
+            ``auth_scheme=""`` sends the bare key (e.g. ``auth_header="x-api-key"``). The key,
+            header and scheme must be fit for a header (no line break or other control
+            character, as a key read with its file's trailing newline has): else a
+            :class:`beacon.ConfigError` when the scorer is created, naming ``api_key_env``
+            (never the key).
         timeout: seconds allowed to connect, and between bytes of the response (waiting for a
-            pooled connection excluded) -> :class:`RewardTimeoutError`.
-        total_timeout: optional cap on a whole request, pool waiting included.
+            pooled connection excluded) -> :class:`RewardTimeoutError`; a finite number > 0.
+        total_timeout: optional cap on a whole request, pool waiting included (finite, > 0).
         max_connections / max_connections_per_host: connection-pool limits (0 = unlimited).
         max_response_bytes: largest response body read (default 10 MiB); a larger one is a
             :class:`RewardResponseError` at ``"<body>"``, never read into memory whole. An
@@ -320,7 +332,9 @@ class HttpRewardScorer:
     naming the status and the ``Location`` (without its query), since following it would send
     the body as a GET (301/302/303) or the API key to whatever host it names. A ``Retry-After``
     header of a failed request, in seconds or as an HTTP date, becomes the error's
-    ``retry_after`` seconds (the engine waits at least that long, up to its ``max_delay``).
+    ``retry_after`` seconds: the engine waits at least that long before its retry, and a wait
+    longer than its policy's ``max_retry_after`` (default 60 s) ends the call at once with
+    :class:`beacon.retry.RetryAfterTooLongError` (an earlier retry would be refused again).
     """
 
     def __init__(
@@ -348,8 +362,9 @@ class HttpRewardScorer:
         for name, t in (("timeout", timeout), ("total_timeout", total_timeout)):
             if t is None and name == "total_timeout":
                 continue
-            if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
-                raise ConfigError(name, t, "must be a positive number of seconds")
+            # finite: aiohttp turns an infinite timeout into an OverflowError at request time
+            if t is None or not is_real(t) or not 0 < t < math.inf:
+                raise ConfigError(name, t, "must be a finite positive number of seconds")
         for name, v in (("max_connections", max_connections),
                         ("max_connections_per_host", max_connections_per_host)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -374,10 +389,26 @@ class HttpRewardScorer:
         self.headers = _check_headers(headers)
         self.api_key_env = api_key_env
         self._auth: dict[str, str] = {}
+        if not isinstance(auth_header, str) or not auth_header or _BAD_HEADER_CHARS.search(
+            auth_header
+        ):
+            raise ConfigError(
+                "auth_header", auth_header, "must be a non-empty header name on one line"
+            )
+        if not isinstance(auth_scheme, str) or _BAD_HEADER_CHARS.search(auth_scheme):
+            raise ConfigError("auth_scheme", auth_scheme, "must be a one-line string")
         if api_key_env is not None:
             key = os.environ.get(api_key_env)
             if not key:
                 raise ConfigError("api_key_env", api_key_env, "environment variable is not set")
+            if _BAD_HEADER_CHARS.search(key):
+                # Checked here, not by aiohttp at every request; the key itself is not shown.
+                raise ConfigError(
+                    "api_key_env", api_key_env,
+                    "the environment variable's value holds a line break or another control "
+                    "character (a trailing newline of the file it was read from?), which no "
+                    "HTTP header can carry; strip it",
+                )
             self._auth = {auth_header: f"{auth_scheme} {key}" if auth_scheme else key}
             self._secret: str | None = key
         else:
@@ -491,10 +522,18 @@ class HttpRewardScorer:
     async def score_batch(self, prompt: Any, responses: list[str]) -> list[float]:
         """Score many responses: one request in batched mode, else concurrent single requests.
 
-        Any invalid score is a :class:`RewardResponseError` naming its field.
+        Any invalid score is a :class:`RewardResponseError` naming its field. Unbatched, the
+        first failed request's error is raised once the other requests are cancelled and
+        finished: none is left running after the call.
         """
         if not self.batched:
-            return list(await asyncio.gather(*(self.score(prompt, r) for r in responses)))
+            tasks = [asyncio.ensure_future(self.score(prompt, r)) for r in responses]
+            try:
+                return list(await asyncio.gather(*tasks))
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
         return _strict(await self._batch(prompt, responses))
 
     async def _batch(self, prompt: Any, responses: list[str]) -> list[float | RewardResponseError]:

@@ -9,13 +9,15 @@ BEACON Algorithm".
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from beacon.engine.protocol import is_batched, make_score
-from beacon.errors import ConfigError
+from beacon.engine.protocol import is_batched, make_score, reward_rule
+from beacon.errors import ConfigError, RewardError
 from beacon_integrations import import_extra
 
 __all__ = ["CorrectnessAdjusted", "MathAnswerVerifier", "adjust_reward", "last_boxed"]
@@ -163,7 +165,15 @@ class CorrectnessAdjusted:
     ``scorer`` is any engine scorer (sync or async, single or batched; batching is inherited);
     ``verifier`` an object with ``check(prompt, text) -> bool | None`` such as
     :class:`MathAnswerVerifier`, or a callable returning a truthy/falsy correctness (then
-    "no boxed answer" cannot be told apart and counts as incorrect).
+    "no boxed answer" cannot be told apart and counts as incorrect). Either may be async (an
+    LLM judge): what it returns is awaited before its truth is read, and the checks of a batch
+    run concurrently.
+
+    Each learned reward is checked by the scorer's own rule, as the engine checks it (a real
+    number or a bool; :func:`beacon.engine.protocol.reward_rule`): an invalid one (a string,
+    ``None``) is a :class:`beacon.RewardError` naming the value, and that response is not
+    verified. In a batch such an error -- or one the scorer or the verifier gives for one
+    response -- is returned in that response's place, so it fails that sample alone.
     """
 
     def __init__(self, scorer: Any, verifier: Any) -> None:
@@ -175,22 +185,47 @@ class CorrectnessAdjusted:
         self.verifier = verifier
         self.batched = is_batched(scorer)
         self._score, _ = make_score(scorer)
+        self._rule = reward_rule(scorer)
 
-    def _correct(self, prompt: Any, text: str) -> bool | None:
+    async def _correct(self, prompt: Any, text: str) -> bool | None:
         check = getattr(self.verifier, "check", None)
         if callable(check):
             out = check(prompt, text)
+            if inspect.isawaitable(out):
+                out = await out
             return None if out is None else bool(out)
-        return bool(self.verifier(prompt, text))
+        out = self.verifier(prompt, text)
+        if inspect.isawaitable(out):
+            out = await out
+        return bool(out)
+
+    async def _adjusted(self, prompt: Any, r: Any, text: str) -> float:
+        if isinstance(r, Exception):  # the scorer's own error for this response
+            raise r
+        try:
+            learned = self._rule(r, None)
+        except RewardError as exc:
+            if exc is r:
+                raise
+            err = RewardError(None, r, exc.reason)
+            err.args = (f"invalid learned reward: {r!r} ({exc.reason})",)
+            raise err from None
+        return adjust_reward(learned, await self._correct(prompt, text))
 
     async def __call__(self, prompt: Any, response: Any) -> Any:
-        texts = list(response) if self.batched else [response]
-        raw = await self._score(prompt, texts)
-        out = [
-            adjust_reward(float(r), self._correct(prompt, t))
-            for r, t in zip(raw, texts, strict=True)
-        ]
-        return out if self.batched else out[0]
+        if not self.batched:
+            (raw,) = await self._score(prompt, [response])
+            return await self._adjusted(prompt, raw, response)
+        texts = list(response)
+        raws = await self._score(prompt, texts)
+        got = await asyncio.gather(
+            *(self._adjusted(prompt, r, t) for r, t in zip(raws, texts, strict=True)),
+            return_exceptions=True,
+        )
+        for v in got:  # a cancellation is no per-response error
+            if isinstance(v, BaseException) and not isinstance(v, Exception):
+                raise v
+        return got
 
     def __repr__(self) -> str:
         return f"CorrectnessAdjusted({self.scorer!r}, {self.verifier!r})"
