@@ -1,12 +1,13 @@
 """A LangChain agent that calls BEACON as a tool, fully offline.
 
 The tool (``BeaconRunnable.as_beacon_tool``) answers a Game-of-24 puzzle by sampling attempts
-until one verifies. The attempts and their verdicts are logged GPT-4 chain-of-thought samples
-(``examples/data/tot_game24_gpt4.jsonl``, MIT): a fake chat model replays them in logged order and
-the 0/1 verifier returns the logged check, so the ``bernoulli`` family applies (Beta(1, 1) prior,
-paper appendix "Binary-Reward Variant"): one success is the maximum possible reward, so sampling
-stops ("absorbed") at the first verified attempt, or gives up without one (stop reason "index")
-once the reservation cost h^B_{n,k}(a, b) falls below c.
+until one verifies. The verdicts are those of logged GPT-4 chain-of-thought attempts
+(``examples/data/tot_game24_gpt4.jsonl``, MIT; the log keeps the checks, not the attempts' texts):
+a fake chat model answers with a placeholder per logged attempt (``attempt 2 at '4 5 7 9'``), in
+logged order, and the 0/1 verifier returns that attempt's logged check, so the ``bernoulli``
+family applies (Beta(1, 1) prior, paper appendix "Binary-Reward Variant"): one success is the
+maximum possible reward, so sampling stops ("absorbed") at the first verified attempt, or gives up
+without one (stop reason "index") once the reservation cost h^B_{n,k}(a, b) is at most c.
 
 The agent itself is ``langchain.agents.create_agent`` driven by a fake tool-calling chat model
 that calls the tool once and then answers with a fixed line pointing at the tool's result (it is

@@ -2,10 +2,12 @@
 
 The "model" replays logged samples: for the Tree-of-Thoughts creative-writing task, GPT-4 wrote 10
 passages per prompt and a GPT-4 judge scored each for coherency on 1-10
-(``examples/data/tot_creative_writing_gpt4.jsonl``, MIT). A fake chat model hands those samples out
-in their logged order and the scorer returns the logged judge score, so the run shows exactly what
-BEACON would have done on the real model: how many of the 10 samples it drew, which one it chose,
-and why it stopped (the h-index against c / sigma at every decision).
+(``examples/data/tot_creative_writing_gpt4.jsonl``, MIT). The log keeps the scores, not the
+passages, so a fake chat model answers with a placeholder per logged passage
+(``[prompt 0 / passage 1]``), in logged order, and the scorer returns that passage's logged judge
+score. The run shows exactly what BEACON would have done on the real model: how many of the 10
+samples it drew, which one it chose, and why it stopped (the h-index against c / sigma at every
+decision).
 
 Run:  python examples/langchain_chain.py
 """

@@ -7,11 +7,12 @@ deterministic bag-of-words model and the LLM a scripted stand-in, so nothing lea
 The scorer is a rubric judge: the share of the reference facts an answer states.
 
 Part 2 -- LLM mode with logged rewards, a reward transform and a fitted-style prior: the model
-replays Tulu-2 samples for AlpacaEval instructions and the scorer returns the logged GPT-4-turbo
-judge probability (``examples/data/alpacaeval_tulu2_bon11.jsonl``; research use only, see
-``examples/data/LICENSE-alpacaeval.md``). Those rewards are probabilities piled up near 0 and 1,
-far from normal, so the config decides on logit(r) (``transform="logit"``) with an informative
-NIG prior (paper appendix "Priors and Minimal Sample Size").
+replays Tulu-2 samples for AlpacaEval instructions (the log keeps their judge scores, not their
+texts, so each sample is a placeholder such as ``[instruction 0 / sample 5]``) and the scorer
+returns the logged GPT-4-turbo judge probability (``examples/data/alpacaeval_tulu2_bon11.jsonl``;
+research use only, see ``examples/data/LICENSE-alpacaeval.md``). Those rewards are probabilities
+piled up near 0 and 1, far from normal, so the config decides on logit(r) (``transform="logit"``)
+with an informative NIG prior (paper appendix "Priors and Minimal Sample Size").
 
 Run:  python examples/llamaindex_query_engine.py
 """
