@@ -15,6 +15,12 @@ sent messages in the last ``grace`` seconds are skipped (a submission may be bet
 registering its prompts and sending them). A false positive costs one duplicate run, never a
 duplicate result: tasks are idempotent and the first stored result wins (:mod:`worker.state`).
 
+Memory. A job may have a million prompts, each registered with its full prompt text. The check
+never holds more than one chunk (``CHUNK``) of prompt records: the job's prompts are read
+``HSCAN`` page by page, and lost ones are resent as they are found, a chunk at a time. What it
+keeps for the whole check is a 64-bit digest of each key (8 bytes a prompt, :class:`KeyDigests`):
+those pending before the first broker scan and those seen in the broker, of the jobs checked.
+
 Only a Redis broker can be inspected this way. AMQP brokers keep unacknowledged messages
 themselves and redeliver them when a consumer's connection drops, so this loss cannot happen
 there; :func:`requeue_lost` refuses other brokers unless ``force`` resends every pending prompt.
@@ -23,27 +29,79 @@ there; :func:`requeue_lost` refuses other brokers unless ``force`` resends every
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import redis
 
 from worker.config import is_redis_url
 from worker.state import JobStore, UnknownJobError
 
-__all__ = ["BrokerInspectionError", "RequeueResult", "Sweeper", "broker_keys", "in_broker",
-           "requeue_lost", "requeue_lost_jobs"]
+__all__ = ["CHUNK", "BrokerInspectionError", "KeyDigests", "RequeueResult", "Sweeper",
+           "broker_digests", "broker_keys", "in_broker", "requeue_lost", "requeue_lost_jobs"]
 
 log = logging.getLogger(__name__)
 
 TASK_NAME = "beacon.run_prompt"
 _PRIORITY_SEP = "\x06\x16"  # kombu's separator of a queue's priority sub-lists
 _UNACKED = "unacked"  # kombu's default ``unacked_key``
+CHUNK = 500  # prompt records read per Redis call, and resent per send, at most
+
+
+def _key_digest(key: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+
+
+class KeyDigests:
+    """A set of prompt keys held as 64-bit digests (8 bytes a key, not the key's string).
+
+    Two keys share a digest with probability about 2**-64 per pair; for this module's sets
+    that would make a lost prompt look queued (not resent by this check) or a prompt
+    registered during the check look pending before it (at worst one duplicate run, the cost
+    of any false positive here).
+    """
+
+    def __init__(self, keys: Iterable[str] = ()) -> None:
+        self._new = array("Q")
+        self._sorted: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
+        for k in keys:
+            self.add(k)
+
+    def add(self, key: str) -> None:
+        self._new.append(_key_digest(key))
+
+    def _frozen(self) -> npt.NDArray[np.uint64]:
+        if len(self._new):
+            fresh = np.frombuffer(self._new, dtype=np.uint64)
+            self._sorted = np.union1d(self._sorted, fresh).astype(np.uint64)
+            self._new = array("Q")
+        return self._sorted
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        arr = self._frozen()
+        d = np.uint64(_key_digest(key))
+        i = int(np.searchsorted(arr, d))
+        return i < len(arr) and arr[i] == d
+
+    def __len__(self) -> int:
+        return len(self._frozen())
+
+    def __or__(self, other: KeyDigests) -> KeyDigests:
+        out = KeyDigests()
+        out._sorted = np.union1d(self._frozen(), other._frozen()).astype(np.uint64)
+        return out
 
 
 class BrokerInspectionError(RuntimeError):
@@ -88,28 +146,42 @@ def _queue_lists(r: Any, queue: str) -> Iterator[str]:
         yield k.decode() if isinstance(k, bytes) else str(k)
 
 
-def broker_keys(r: Any, queues: Iterable[str]) -> dict[str, set[str]]:
-    """Per job id, the prompt keys with a message waiting in ``queues`` or held unacknowledged
-    (one pass over the queue lists and the ``unacked`` hash, whatever the number of jobs)."""
-    found: dict[str, set[str]] = {}
-
-    def take(raw: bytes | str) -> None:
-        args = _task_args(raw)
-        if args is not None:
-            found.setdefault(str(args[0]), set()).add(str(args[1]))
-
+def _broker_tasks(r: Any, queues: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """``(job id, prompt key)`` of every prompt message waiting in ``queues`` or held
+    unacknowledged (one pass over the queue lists and the ``unacked`` hash, in pages)."""
     for q in queues:
         for name in _queue_lists(r, q):
             start = 0
             while True:  # in pages: a queue may hold hundreds of thousands of messages
-                page = r.lrange(name, start, start + 999)
+                page = r.lrange(name, start, start + CHUNK - 1)
                 for raw in page:
-                    take(raw)
-                if len(page) < 1000:
+                    args = _task_args(raw)
+                    if args is not None:
+                        yield str(args[0]), str(args[1])
+                if len(page) < CHUNK:
                     break
-                start += 1000
-    for _tag, raw in r.hscan_iter(_UNACKED, count=500):
-        take(raw)
+                start += CHUNK
+    for _tag, raw in r.hscan_iter(_UNACKED, count=CHUNK):
+        args = _task_args(raw)
+        if args is not None:
+            yield str(args[0]), str(args[1])
+
+
+def broker_keys(r: Any, queues: Iterable[str]) -> dict[str, set[str]]:
+    """Per job id, the prompt keys with a message waiting in ``queues`` or held unacknowledged
+    (one pass over the queue lists and the ``unacked`` hash, whatever the number of jobs)."""
+    found: dict[str, set[str]] = {}
+    for job_id, key in _broker_tasks(r, queues):
+        found.setdefault(job_id, set()).add(key)
+    return found
+
+
+def broker_digests(r: Any, queues: Iterable[str], jobs: Iterable[str]) -> dict[str, KeyDigests]:
+    """:func:`broker_keys` of ``jobs`` only, as :class:`KeyDigests` (8 bytes a message)."""
+    found = {j: KeyDigests() for j in jobs}
+    for job_id, key in _broker_tasks(r, queues):
+        if job_id in found:
+            found[job_id].add(key)
     return found
 
 
@@ -135,8 +207,8 @@ def requeue_lost_jobs(
     Jobs that are unknown (expired, purged) are left out of the result.
     """
     out: dict[str, RequeueResult] = {}
-    # job -> (its latest queue, every queue it was sent to, pending prompts)
-    checked: dict[str, tuple[str, set[str], dict[str, dict[str, Any]]]] = {}
+    # job -> (its latest queue, every queue it was sent to, digests of its pending prompts)
+    checked: dict[str, tuple[str, set[str], KeyDigests]] = {}
     now = time.time()
     for job_id in job_ids:
         try:
@@ -144,9 +216,10 @@ def requeue_lost_jobs(
         except UnknownJobError:
             continue
         queue = meta.get("queue", "")
-        pending = dict(store.unfinished(job_id))
+        # a page of records at a time (store.unfinished scans): the digests are what is kept
+        pending = KeyDigests(k for k, _ in store.unfinished(job_id))
         age = now - float(meta.get("sent", 0.0))
-        if not pending:
+        if not len(pending):
             out[job_id] = RequeueResult(job_id, 0, 0, "finished")
         elif not queue:
             out[job_id] = RequeueResult(job_id, len(pending), 0, "job has no recorded queue")
@@ -167,22 +240,48 @@ def requeue_lost_jobs(
     try:
         # Twice, ``settle`` apart: a message moving between a queue and ``unacked`` is in
         # neither for milliseconds, but never in neither at both scans.
-        first = broker_keys(r, queues)
+        first = broker_digests(r, queues, checked)
         time.sleep(settle)
-        second = broker_keys(r, queues)
+        second = broker_digests(r, queues, checked)
     finally:
         r.close()
     for job_id, (queue, _, pending) in checked.items():
-        seen = first.get(job_id, set()) | second.get(job_id, set())
-        still = dict(store.unfinished(job_id))
-        lost = sorted((k, p) for k, p in still.items() if k in pending and k not in seen)
-        if lost:
-            log.warning("job %s: %d prompt message(s) lost by the broker; sending them again",
-                        job_id, len(lost))
-            send(job_id, lost, queue)
-            store.mark_sent(job_id, queue)
-        out[job_id] = RequeueResult(job_id, len(still), len(lost))
+        seen = first.pop(job_id) | second.pop(job_id)
+        still = [0]  # prompts still pending now, counted as the scan goes
+
+        def lost(job_id: str = job_id, pending: KeyDigests = pending,
+                 seen: KeyDigests = seen, still: list[int] = still
+                 ) -> Iterator[tuple[str, dict[str, Any]]]:
+            for k, p in store.unfinished(job_id):
+                still[0] += 1
+                if k in pending and k not in seen:
+                    yield k, p
+
+        n_lost = _send_in_chunks(store, job_id, lost(), queue, send)
+        if n_lost:
+            log.warning("job %s: %d prompt message(s) lost by the broker; sent them again",
+                        job_id, n_lost)
+        out[job_id] = RequeueResult(job_id, still[0], n_lost)
     return out
+
+
+def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dict[str, Any]]],
+                    queue: str, send: Send) -> int:
+    """Send ``items`` ``CHUNK`` at a time (each chunk's records are all that is held);
+    returns how many were sent."""
+    n = 0
+    batch: list[tuple[str, dict[str, Any]]] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= CHUNK:
+            send(job_id, batch, queue)
+            store.mark_sent(job_id, queue)
+            n, batch = n + len(batch), []
+    if batch:
+        send(job_id, batch, queue)
+        store.mark_sent(job_id, queue)
+        n += len(batch)
+    return n
 
 
 def requeue_lost(
@@ -197,21 +296,19 @@ def requeue_lost(
 ) -> RequeueResult:
     """Resend the prompts of ``job_id`` that have no outcome and no message in the broker.
 
-    ``send(job_id, [(key, payload)], queue)`` sends the tasks (:func:`worker.tasks.resend`).
-    ``force`` skips the broker inspection and the grace period and resends every pending
-    prompt (for brokers that cannot be inspected; duplicates are harmless but cost a run).
+    ``send(job_id, [(key, payload)], queue)`` sends the tasks (:func:`worker.tasks.resend`),
+    ``CHUNK`` prompts at most per call. ``force`` skips the broker inspection and the grace
+    period and resends every pending prompt (for brokers that cannot be inspected; duplicates
+    are harmless but cost a run).
     Raises :class:`~worker.state.UnknownJobError` for a job the store does not know.
     """
     if force:
         queue = store.meta(job_id).get("queue", "")
-        pending = dict(store.unfinished(job_id))
-        if not pending:
-            return RequeueResult(job_id, 0, 0, "finished")
         if not queue:
-            return RequeueResult(job_id, len(pending), 0, "job has no recorded queue")
-        send(job_id, sorted(pending.items()), queue)
-        store.mark_sent(job_id, queue)
-        return RequeueResult(job_id, len(pending), len(pending))
+            n = sum(1 for _ in store.unfinished(job_id))
+            return RequeueResult(job_id, n, 0, "job has no recorded queue" if n else "finished")
+        n = _send_in_chunks(store, job_id, store.unfinished(job_id), queue, send)
+        return RequeueResult(job_id, n, n, "" if n else "finished")
     res = requeue_lost_jobs(store, [job_id], broker_url=broker_url, send=send, grace=grace,
                             settle=settle)
     if job_id not in res:

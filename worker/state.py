@@ -1,7 +1,10 @@
 """Job state in Redis: the fan-in point of the worker tier.
 
-Keys (``P`` = ``BEACON_KEY_PREFIX``, ``J`` = job id), all expiring ``BEACON_JOB_TTL`` after the
-last write:
+Keys (``P`` = ``BEACON_KEY_PREFIX``, ``J`` = job id), all expiring together ``BEACON_JOB_TTL``
+after the job's last activity -- its creation, a registration of prompts, a send of tasks, the
+start of a run, a stored outcome: each of these refreshes the expiry of all five ``P:job:J:*``
+keys in the round trip that does it, so a job never loses part of its state (its results while
+its meta lives on, or its meta while its prompts still run):
 
 * ``P:job:J:meta``    hash: ``spec`` (JSON), ``total``, ``source``, ``created``, ``queue`` (where
   its tasks go), ``queue:Q`` for every queue its tasks were ever sent to (a job submitted again
@@ -42,12 +45,21 @@ import redis
 __all__ = ["CollectResult", "JobStatus", "JobStore", "UnknownJobError", "collect_job",
            "purge_refusal"]
 
-# KEYS: results, errors, meta, prompts[, runs]. A stored outcome is a write to the job: the
-# whole job is kept BEACON_JOB_TTL after it (EXPIRE of a key that is gone, e.g. purged, does
-# nothing). With KEYS[5] the run that computed the outcome is counted as ended in the same
-# round trip (JobStore.end_run).
+# Every key of the job (JobStore._job_keys, in that order): any activity on a job keeps all
+# of it BEACON_JOB_TTL longer. EXPIRE of a key that does not exist (purged, or not written
+# yet) does nothing.
+_JOB_PARTS = ("results", "errors", "meta", "prompts", "runs")
+
+
+def _touch_job(ttl_arg: int) -> str:
+    """Lua refreshing the expiry of KEYS[1..5] to ARGV[ttl_arg] seconds."""
+    return f"\nfor i = 1, 5 do redis.call('EXPIRE', KEYS[i], ARGV[{ttl_arg}]) end\n"
+
+
+# KEYS: the job's keys; ARGV: prompt key, payload, ttl, end_run ("1": the run that computed the
+# outcome is counted as ended in the same round trip, JobStore.end_run).
 _END_RUN_IN_STORE = """
-if KEYS[5] then
+if ARGV[4] == '1' then
   local n = redis.call('HINCRBY', KEYS[5], ARGV[1], -1)
   if n <= 0 then redis.call('HDEL', KEYS[5], ARGV[1]) end
 end
@@ -56,7 +68,7 @@ end
 _STORE_RESULT = _END_RUN_IN_STORE + """
 local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if added == 1 then redis.call('HDEL', KEYS[2], ARGV[1]) end
-for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+""" + _touch_job(3) + """
 return added
 """
 
@@ -66,22 +78,25 @@ if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return n
 """
 
-# KEYS: results, runs, meta; ARGV: key, ttl. What a task does before it runs a prompt, in one
-# round trip: 0 when the prompt has a result (a redelivery: nothing to run), -1 when the job is
-# gone (purged or expired: the outcome would be stored where nobody reads it), else the run is
-# counted as started and the runs started and not ended are returned (JobStore.begin_run).
+# KEYS: the job's keys; ARGV: prompt key, ttl. What a task does before it runs a
+# prompt, in one round trip: 0 when the prompt has a result (a redelivery: nothing to run), -1
+# when the job is gone (purged or expired: the outcome would be stored where nobody reads it),
+# else the run is counted as started and the runs started and not ended are returned
+# (JobStore.begin_run). A started run is activity: a prompt may run for longer than the time
+# left to the job, whose meta (the spec, the "is it still there" check of its next messages)
+# must not expire under it.
 _BEGIN_RUN = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
-local n = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-redis.call('EXPIRE', KEYS[2], ARGV[2])
+local n = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
+""" + _touch_job(2) + """
 return n
 """
 
 _STORE_ERROR = _END_RUN_IN_STORE + """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+""" + _touch_job(3) + """
 return 1
 """
 
@@ -145,6 +160,16 @@ class JobStore:
     def _k(self, job_id: str, part: str) -> str:
         return f"{self.prefix}:job:{job_id}:{part}"
 
+    def _job_keys(self, job_id: str) -> list[str]:
+        """Every key of the job, in the order the scripts above take them (``_JOB_PARTS``)."""
+        return [self._k(job_id, p) for p in _JOB_PARTS]
+
+    def _touch(self, pipe: Any, job_id: str) -> None:
+        """Queue on ``pipe`` the refresh of the expiry of every key of the job (activity on a
+        job keeps all of it: see the module docstring)."""
+        for k in self._job_keys(job_id):
+            pipe.expire(k, self.ttl)
+
     # -- submission --------------------------------------------------------------------------
     @staticmethod
     def spec_ref(spec: dict[str, Any]) -> str:
@@ -167,7 +192,7 @@ class JobStore:
         pipe.hset(meta, mapping={"spec": canonical_json(spec), f"spec:{ref}": canonical_json(spec),
                                  "source": source})
         pipe.hsetnx(meta, "total", 0)
-        pipe.expire(meta, self.ttl)
+        self._touch(pipe, job_id)
         pipe.sadd(self._jobs_key, job_id)
         pipe.execute()
         return ref
@@ -202,7 +227,7 @@ class JobStore:
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(meta, mapping={"queue": queue, f"queue:{queue}": "1",
                                  "sent": repr(time.time())})
-        pipe.expire(meta, self.ttl)
+        self._touch(pipe, job_id)
         pipe.sadd(self._jobs_key, job_id)
         pipe.execute()
 
@@ -236,8 +261,7 @@ class JobStore:
         added = sum(int(x) for x in pipe.execute())
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(meta, "total", self.r.hlen(pk))
-        pipe.expire(pk, self.ttl)
-        pipe.expire(meta, self.ttl)
+        self._touch(pipe, job_id)
         pipe.execute()
         return added
 
@@ -255,18 +279,14 @@ class JobStore:
     def has_result(self, job_id: str, key: str) -> bool:
         return bool(self.r.hexists(self._k(job_id, "results"), key))
 
-    def _outcome_keys(self, job_id: str, end_run: bool) -> list[str]:
-        parts = ("results", "errors", "meta", "prompts", *(("runs",) if end_run else ()))
-        return [self._k(job_id, p) for p in parts]
-
     def store_result(self, job_id: str, key: str, payload: dict[str, Any], *,
                      end_run: bool = False) -> bool:
         """Store a finished prompt; False if a result for ``key`` was already there.
         ``end_run``: also count the run that computed it as ended (:meth:`end_run`), atomically
         with the store."""
         return bool(self._store_result(
-            keys=self._outcome_keys(job_id, end_run),
-            args=[key, json.dumps(payload, allow_nan=False), self.ttl],
+            keys=self._job_keys(job_id),
+            args=[key, json.dumps(payload, allow_nan=False), self.ttl, int(end_run)],
         ))
 
     def store_error(self, job_id: str, key: str, payload: dict[str, Any], *,
@@ -274,8 +294,8 @@ class JobStore:
         """Record a failed prompt unless it already has a result; True if recorded.
         ``end_run`` as for :meth:`store_result`."""
         return bool(self._store_error(
-            keys=self._outcome_keys(job_id, end_run),
-            args=[key, json.dumps(payload, allow_nan=False), self.ttl],
+            keys=self._job_keys(job_id),
+            args=[key, json.dumps(payload, allow_nan=False), self.ttl, int(end_run)],
         ))
 
     def reopen(self, job_id: str, keys: list[str]) -> int:
@@ -287,10 +307,9 @@ class JobStore:
         """Count a run of ``key`` starting; returns the runs of it started and not ended
         (:meth:`end_run`), this one included: the others died with their worker process (or
         are running right now, on a duplicate delivery)."""
-        k = self._k(job_id, "runs")
         pipe = self.r.pipeline(transaction=True)
-        pipe.hincrby(k, key, 1)
-        pipe.expire(k, self.ttl)
+        pipe.hincrby(self._k(job_id, "runs"), key, 1)
+        self._touch(pipe, job_id)
         return int(pipe.execute()[0])
 
     def begin_run(self, job_id: str, key: str) -> int | None:
@@ -299,8 +318,7 @@ class JobStore:
         the runs of ``key`` started and not ended, this one included. Raises
         :class:`UnknownJobError` when the job is gone (purged, expired): a message still
         queued for it must not run, and be paid for, with nowhere to store the outcome."""
-        n = int(self._begin_run(keys=[self._k(job_id, p) for p in ("results", "runs", "meta")],
-                                args=[key, self.ttl]))
+        n = int(self._begin_run(keys=self._job_keys(job_id), args=[key, self.ttl]))
         if n < 0:
             raise UnknownJobError(job_id)
         return n or None
@@ -377,9 +395,7 @@ class JobStore:
 
     def purge(self, job_id: str) -> int:
         self.retire(job_id)
-        return int(self.r.delete(*(self._k(job_id, p)
-                                   for p in ("meta", "prompts", "results", "errors",
-                                             "runs"))))
+        return int(self.r.delete(*self._job_keys(job_id)))
 
 
 @dataclass(frozen=True)

@@ -718,17 +718,42 @@ def _store() -> Any:
     return JobStore.from_settings(settings)
 
 
-def _status_or_exit(store: Any, job: str) -> Any:
+def _store_label(store: Any) -> str:
+    from worker.config import url_without_credentials
+
+    return url_without_credentials(str(store.url))  # the URL may hold the store's password
+
+
+@contextlib.contextmanager
+def _state_store_errors(store: Any, doing: str = "", after: str = "") -> Iterator[None]:
+    """Exit with one ``error:`` line, naming the state store without its credentials, when it
+    cannot be reached (down, restarting, a network cut, a timeout) inside the block: ``doing``
+    says what was under way, ``after`` what the operator may do about it."""
     import redis
 
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        where = f"the job state store at {_store_label(store)}"
+        what = f"lost {where} {doing}" if doing else f"cannot reach {where}"
+        fail(f"{what}: {str(exc).rstrip('.')}" + (f"; {after}" if after else ""))
+
+
+def _status_or_exit(store: Any, job: str) -> Any:
     from worker.state import UnknownJobError
 
     try:
-        return store.status(job)
+        with _state_store_errors(store):
+            return store.status(job)
     except UnknownJobError as exc:
         usage_error(str(exc), "JOB")
-    except redis.exceptions.ConnectionError as exc:
-        fail(f"cannot reach the job state store at {store.url}: {exc}")
+
+
+def _collect_resume_hint(job: str, out: Path) -> str:
+    # KeyedJsonlWriter writes whole lines only (a torn one is cut off when the file is opened
+    # again) and skips keys already there: a rerun writes the rest, nothing twice.
+    return (f"the lines already written to {out} are complete and kept: run the same command "
+            f"again once the store is back to collect the rest of job {job}")
 
 
 def _wait(store: Any, job: str, *, timeout: float | None, quiet: bool) -> Any:
@@ -850,8 +875,9 @@ def submit_command(
         )
     except BrokerUnavailableError as exc:
         fail(str(exc))
-    except redis.exceptions.ConnectionError as exc:
-        fail(f"cannot reach the job state store at {store.url}: {exc}")
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        fail(f"cannot reach the job state store at {_store_label(store)}: "
+             f"{str(exc).rstrip('.')}")
     except Exception as exc:
         if type(exc).__module__.startswith(("kombu", "amqp")):
             fail(f"cannot reach the broker: {exc}")
@@ -876,7 +902,9 @@ def submit_command(
     if out is not None:
         from worker.state import collect_job
 
-        c = collect_job(store, res.job_id, out, dpo=dpo)
+        with _state_store_errors(store, f"while collecting job {res.job_id}",
+                                 _collect_resume_hint(res.job_id, out)):
+            c = collect_job(store, res.job_id, out, dpo=dpo)
         payload["collect"] = c.to_dict()
     if as_json:
         typer.echo(json.dumps(payload, indent=2))
@@ -1009,20 +1037,25 @@ def collect_command(
         if wait
         else _status_or_exit(store, job)
     )
-    c = collect_job(store, job, out, dpo=dpo)
-    if purge and c.status.finished and not c.complete:
-        # The last prompts finished during the collect: it may have missed them. Collect
-        # again (idempotent) so that nothing stored is purged before it is written.
-        again = collect_job(store, job, out, dpo=dpo)
-        c = replace(again, written=c.written + again.written,
-                    dpo_written=c.dpo_written + again.dpo_written,
-                    replaced_errors=c.replaced_errors + again.replaced_errors,
-                    dpo_foreign=again.dpo_foreign)
+    with _state_store_errors(store, f"while collecting job {job}",
+                             _collect_resume_hint(job, out)):
+        c = collect_job(store, job, out, dpo=dpo)
+        if purge and c.status.finished and not c.complete:
+            # The last prompts finished during the collect: it may have missed them. Collect
+            # again (idempotent) so that nothing stored is purged before it is written.
+            again = collect_job(store, job, out, dpo=dpo)
+            c = replace(again, written=c.written + again.written,
+                        dpo_written=c.dpo_written + again.dpo_written,
+                        replaced_errors=c.replaced_errors + again.replaced_errors,
+                        dpo_foreign=again.dpo_foreign)
     st = c.status
     purged = False
     refused = purge_refusal(c, allow_failed=purge_failed) if purge else None
     if purge and refused is None:
-        store.purge(job)
+        with _state_store_errors(store, f"while purging job {job}",
+                                 f"everything is collected in {out}; run the same command "
+                                 "again once the store is back to purge it"):
+            store.purge(job)
         purged = True
     if as_json:
         typer.echo(json.dumps({**c.to_dict(), "purged": purged,
