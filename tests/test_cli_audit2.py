@@ -326,3 +326,14 @@ def test_tune_tables_keep_every_digit_on_a_narrow_terminal() -> None:
     assert rows, proc.stdout
     # at 40 columns rich shrank the sweep table's columns and cut its numbers to "0.…"
     assert not any("…" in r for r in rows), proc.stdout
+
+
+@pytest.mark.parametrize("command", ["replay", "tune", "fit-prior", "run", "submit"])
+def test_family_help_names_every_builtin_family(command: str) -> None:
+    code, out, _ = run(command, "--help")
+    assert code == 0
+    # click wraps the help text: compare it without line breaks and box borders
+    text = " ".join(ln.strip(" │") for ln in out.splitlines())
+    help_text = text[text.index("--family") :][:400]
+    for family in beacon.available_families():
+        assert family in help_text, (command, family, help_text)

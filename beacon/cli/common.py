@@ -544,8 +544,9 @@ FamilyOpt = Annotated[
     str,
     typer.Option(
         "--family",
-        help="Reward family: normal, or bernoulli (uses the 'correct' labels as 0/1 rewards; "
-        "without labels, rewards that are all 0 or 1).",
+        help="Reward family: normal; bernoulli (uses the 'correct' labels as 0/1 rewards; "
+        "without labels, rewards that are all 0 or 1); or judge (rewards are a judge's win "
+        "probabilities, learnt as wins r > 1/2).",
     ),
 ]
 BatchOpt = Annotated[

@@ -118,7 +118,10 @@ HorizonOpt = Annotated[
 FamilyOpt = Annotated[
     str | None,
     typer.Option(
-        "--family", help="Reward family: normal or bernoulli [default: normal].", show_default=False
+        "--family",
+        help="Reward family: normal, bernoulli (0/1 rewards) or judge (a judge's win "
+        "probabilities, learnt as wins r > 1/2) [default: normal].",
+        show_default=False,
     ),
 ]
 BatchOpt = Annotated[
