@@ -26,6 +26,10 @@ Metrics (all means are over prompts)
       problem, section "Problem Setting") on the standardized scale, with the same numeric ``c``
       the stopping rule used, as in the paper's tables. ``c`` is charged per sample used.
 
+    A mean (or a standard error over prompts) whose plain sum would overflow, for finite
+    rewards near the float limit (1e308), is taken in units of the largest ``|value|``;
+    every other one is numpy's own, bit for bit.
+
 Fixed best-of-N uses the first ``N`` logged samples of every prompt and picks the best raw reward
 (first on ties), for N = 1..horizon. BEACON uses :func:`beacon.replay.replay` on the same samples.
 
@@ -786,6 +790,33 @@ def standardize(rewards: FloatArray) -> FloatArray:
     return np.where(flat & ~np.isnan(r), 0.0, z)
 
 
+def _mean(x: FloatArray) -> float:
+    """``np.mean(x)``, without overflowing to inf when the finite values' sum does.
+
+    Rewards near the float limit (1e308) sum past it; their mean is then taken in units of the
+    largest ``|x|`` and scaled back, a mean that cannot overflow (``|mean| <= max |x|``). Only
+    then: any other mean is ``np.mean``'s own, bit for bit.
+    """
+    with np.errstate(over="ignore"):
+        m = float(np.mean(x))
+    if math.isinf(m) and bool(np.isfinite(x).all()):
+        s = float(np.max(np.abs(x)))
+        m = float(np.mean(x / s)) * s
+    return m
+
+
+def _std(x: FloatArray, ddof: int) -> float:
+    """``np.std(x, ddof=ddof)``, scaled as :func:`_mean` where its squares overflow (finite
+    ``|x|`` beyond about 1e154); otherwise ``np.std``'s own value."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        sd = float(np.std(x, ddof=ddof))
+    if not math.isfinite(sd) and bool(np.isfinite(x).all()):
+        s = float(np.max(np.abs(x)))
+        with np.errstate(over="ignore"):  # the mean's spread itself may exceed the limit
+            sd = float(np.std(x / s, ddof=ddof)) * s
+    return sd
+
+
 def fixed_best_of_n(rewards: FloatArray, n: int) -> tuple[IntArray, FloatArray]:
     """Column and raw value of the best of the first ``n`` samples of every row (first on ties).
 
@@ -892,8 +923,8 @@ def _metrics(
         n=n,
         cost=float(cost),
         avg_samples=float(np.mean(k)),
-        mean_best_reward=float(np.mean(best)),
-        mean_standardized_reward=float(np.mean(zbest)),
+        mean_best_reward=_mean(best),
+        mean_standardized_reward=_mean(zbest),
         accuracy=accuracy,
         value=value,
         outcomes=PromptOutcomes(
@@ -1008,7 +1039,14 @@ def interpolate_fixed(
         raise ConfigError("fixed", 0, "no best-of-N metrics to interpolate")
     xs = np.array([float(m.avg_samples) for m in fixed])
     ys = np.array([quality_of(m, quality) for m in fixed])
-    return float(np.interp(avg_samples, xs, ys))
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = float(np.interp(avg_samples, xs, ys))
+    if not math.isfinite(y) and bool(np.isfinite(ys).all()):
+        # Slopes between mean rewards of opposite signs near 1e308 overflow; a convex
+        # combination of finite values does not, in units of the largest one.
+        s = float(np.max(np.abs(ys)))
+        y = float(np.interp(avg_samples, xs, ys / s)) * s
+    return y
 
 
 def quality_of(m: PolicyMetrics, quality: QualityKind) -> float:
@@ -1131,7 +1169,7 @@ def matched_difference(
     if len(sizes) > 1:
         raise ConfigError("fixed", sorted(sizes), "BEACON and best-of-N cover other prompts")
     d = quality_per_prompt(m, quality) - matched_fixed_per_prompt(fixed, m.avg_samples, quality)
-    se = float(np.std(d, ddof=1) / math.sqrt(d.size)) if d.size >= 2 else None
+    se = _std(d, ddof=1) / math.sqrt(d.size) if d.size >= 2 else None
     return MatchedDifference(diff, se, int(d.size), d)
 
 

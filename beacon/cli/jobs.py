@@ -171,6 +171,15 @@ AttemptsOpt = Annotated[
         show_default=False,
     ),
 ]
+MaxRetryAfterOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-retry-after",
+        help="Longest server Retry-After (seconds) waited for before a retry; a call asked to "
+        "wait longer fails [default: 60].",
+        show_default=False,
+    ),
+]
 MaxSecondsOpt = Annotated[
     float | None,
     typer.Option(
@@ -269,6 +278,7 @@ def build_job_spec(
     transform: str | None = None,
     timeout: float | None = None,
     max_attempts: int | None = None,
+    max_retry_after: float | None = None,
     max_seconds: float | None = None,
     max_tokens: int | None = None,
     candidates: bool = False,
@@ -301,6 +311,7 @@ def build_job_spec(
     for name, v in (
         ("timeout", timeout),
         ("max_attempts", max_attempts),
+        ("max_retry_after", max_retry_after),
         ("max_seconds", max_seconds),
         ("max_tokens", max_tokens),
     ):
@@ -475,6 +486,7 @@ def run_command(
     ] = False,
     timeout: TimeoutOpt = None,
     max_attempts: AttemptsOpt = None,
+    max_retry_after: MaxRetryAfterOpt = None,
     max_seconds: MaxSecondsOpt = None,
     max_tokens: MaxTokensOpt = None,
     candidates: CandidatesOpt = False,
@@ -805,6 +817,7 @@ def submit_command(
     transform: TransformOpt = None,
     timeout: TimeoutOpt = None,
     max_attempts: AttemptsOpt = None,
+    max_retry_after: MaxRetryAfterOpt = None,
     max_seconds: MaxSecondsOpt = None,
     max_tokens: MaxTokensOpt = None,
     candidates: CandidatesOpt = False,

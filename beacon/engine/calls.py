@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,9 +23,18 @@ from typing import Any, TypeVar
 from beacon.result import Usage
 from beacon.retry import RetryPolicy, retry_after_of
 
-__all__ = ["CallCancelledError", "CallGuard", "adopt_running_loop", "guarded_call", "within"]
+__all__ = [
+    "CANCEL_GRACE",
+    "CallCancelledError",
+    "CallGuard",
+    "adopt_running_loop",
+    "cancel_and_wait",
+    "guarded_call",
+    "within",
+]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -73,7 +83,9 @@ async def guarded_call(
     ``max_retry_after``; a longer one ends the call with
     :class:`beacon.retry.RetryAfterTooLongError`): the error's ``retry_after`` seconds, else its
     response's ``retry-after-ms`` / ``retry-after`` header (:func:`beacon.retry.retry_after_of`).
-    Cancellation of the calling task always propagates at once.
+    Cancellation of the calling task always propagates: at once, or, for a callee that
+    swallows it (the call is awaited inline), when that callee returns; the cancellation then
+    stands (see :func:`_own_cancel_is_error`).
     """
     attempt = 0
     failed_before = False  # an earlier attempt of this call reached the model/scorer and failed
@@ -155,9 +167,13 @@ async def within(timeout: float | None, aw: Awaitable[T], what: str) -> T:
     a call the same way where the engine cannot, e.g. after a framework's rate limiter.)
 
     A callee that swallows its cancellation (a bare ``except:`` around its own retries) is
-    timed out only when it returns: the call is awaited inline, not as its own task, because a
-    task per call costs two more event-loop hops per call (about 10% more wall time at 64 calls
-    in flight, ``python -m bench.bench_engine``) for every well-behaved client.
+    timed out only when it returns (its late result is refused: see
+    :func:`_own_cancel_is_error`): the call is awaited inline, not as its own task, because a
+    task per call costs two more event-loop hops per call (about 7-10% more wall time at 64
+    calls in flight, ``python -m bench.bench_engine``) for every well-behaved client.
+    A query's deadline and its caller's cancellation do not wait for it that long: they
+    cancel the sample's task and abandon it after :data:`CANCEL_GRACE` (see
+    :func:`cancel_and_wait`).
     """
     if timeout is None:
         return await aw
@@ -171,19 +187,89 @@ async def within(timeout: float | None, aw: Awaitable[T], what: str) -> T:
         raise TimeoutError(f"{what} call timed out after {timeout:g} s") from exc
 
 
+#: Seconds a cancelled call (or sample) is given to stop before it is abandoned still running.
+CANCEL_GRACE = 0.25
+
+# Abandoned tasks, referenced until they end (the loop keeps only a weak reference to a task).
+_abandoned: set[asyncio.Future[Any]] = set()
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], what: str, why: str) -> int:
+    """Cancel ``tasks`` (samples, a batched scorer call) and wait for them, up to twice
+    :data:`CANCEL_GRACE` s; those still running then (a client inside swallows its
+    cancellation) are abandoned (:func:`_abandon`). Returns how many were abandoned."""
+    tasks = list(tasks)
+    pending = [t for t in tasks if not t.done()]
+    for t in tasks:
+        if t.done():
+            _retrieve(t)
+    if not pending:
+        return 0
+    for t in pending:
+        t.cancel()
+    try:
+        await asyncio.wait(pending, timeout=2 * CANCEL_GRACE)
+    finally:
+        left = [t for t in pending if not t.done()]
+        for t in left:
+            _abandon(t, what, why, 2 * CANCEL_GRACE)
+    for t in pending:
+        if t.done():
+            _retrieve(t)
+    return len(left)
+
+
+def _abandon(task: asyncio.Future[Any], what: str, why: str, waited: float) -> None:
+    """Leave ``task`` running, referenced until it ends, with a warning in the log: a client
+    that ignores cancellation may still be spending (tokens, money) on a call nobody waits for."""
+    log.warning(
+        "%s was cancelled (%s) but did not stop within %g s: it ignores asyncio."
+        "CancelledError; abandoned while still running, its outcome will be dropped",
+        what, why, waited,
+    )
+    _abandoned.add(task)
+    task.add_done_callback(_forget)
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    _abandoned.discard(task)
+    _retrieve(task)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    # Marks a dropped outcome as seen: no "exception was never retrieved" noise at exit.
+    if not task.cancelled():
+        task.exception()
+
+
 async def _own_cancel_is_error(
     fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], model: bool
 ) -> T:
+    """``await fn(*args)``: a ``CancelledError`` it raises uncancelled is a
+    :class:`CallCancelledError`; a cancellation of this task that it swallows (returning, or
+    raising another error) is raised once it is done."""
+    task = asyncio.current_task()
+    before = 0 if task is None else task.cancelling()
     try:
-        return await fn(*args)
+        out = await fn(*args)
     except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
         if task is not None and task.cancelling() > 0:
             raise  # our task is being cancelled (by the caller, or by the timeout)
         what = "model" if model else "scorer"
         raise CallCancelledError(
             f"the {what} call raised CancelledError without being cancelled"
         ) from exc
+    except Exception as exc:
+        if task is not None and task.cancelling() > before:
+            # The callee caught our cancellation and failed otherwise: the cancellation
+            # stands (a failed sample instead would let a cancelled query go on).
+            raise asyncio.CancelledError() from exc
+        raise
+    if task is not None and task.cancelling() > before:
+        # The callee swallowed our cancellation and returned: honour it now, or the caller's
+        # cancelled query would go on drawing samples.
+        raise asyncio.CancelledError()
+    return out
 
 
 def adopt_running_loop(limiter: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from beacon.budget import Budget, BudgetNotEnforcedWarning
 from beacon.config import BeaconConfig
-from beacon.engine.calls import CallGuard, guarded_call
+from beacon.engine.calls import CallGuard, cancel_and_wait, guarded_call
 from beacon.engine.protocol import GenerateFn, ScoreFn
 from beacon.errors import RewardError
 from beacon.events import DecisionEvent, Observer, SampleEvent, emit
@@ -249,9 +249,10 @@ class QueryRun:
     ) -> None:
         if not pending:
             return
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        # Bounded: a sample whose client swallows its cancellation is abandoned (and logged),
+        # not waited for past the deadline or the caller's cancellation.
+        await cancel_and_wait(pending, "a sample (its model or scorer call)",
+                              "its query stopped")
         for i, c in enumerate(cands):
             if not done_flags[i]:
                 # The calls a cancelled sample made (and tokens it reported) were spent.
@@ -355,8 +356,8 @@ class QueryRun:
             timeout = None if self.deadline is None else self.deadline - time.perf_counter()
             done, _ = await asyncio.wait({call}, timeout=timeout)
             if not done:
-                call.cancel()
-                await asyncio.gather(call, return_exceptions=True)
+                await cancel_and_wait((call,), "a batched scorer call",
+                                      "the query's deadline passed")
                 raise _StopQuery("budget")
             rewards = call.result()
             for c, r in zip(ok, rewards, strict=True):
@@ -371,9 +372,8 @@ class QueryRun:
                 c.failed, c.error = True, _err(exc)
         except BaseException:
             # The caller cancelled (or the call raised a BaseException): the scorer call
-            # must not outlive the query, so it is cancelled and waited for.
-            call.cancel()
-            await asyncio.gather(call, return_exceptions=True)
+            # must not outlive the query, so it is cancelled and waited for (a bounded wait).
+            await cancel_and_wait((call,), "a batched scorer call", "its query was cancelled")
             raise
         finally:
             dt = time.perf_counter() - t0

@@ -318,7 +318,9 @@ class PromptExecutor:
         self.observers = tuple(observers)
         self.offload_sync = boolean("offload_sync", offload_sync)
         s = spec.sampling
-        self.retry = RetryPolicy(max_attempts=int(s.get("max_attempts", 3)))
+        # the spec validated each value as JobSpec sampling.<key>; RetryPolicy's own checks
+        # (the same bounds) cannot fail here
+        self.retry = RetryPolicy(**spec.retry_kwargs())
         # seconds per call attempt; 0 in the spec: no limit (a client with its own timeouts)
         self.timeout: float | None = (
             60.0 if "timeout" not in s else float(s["timeout"]) or None

@@ -477,8 +477,10 @@ def iter_prompt_file(path: str | Path) -> Iterator[PromptRecord | LineError]:
 
 
 # -- the job ---------------------------------------------------------------------------------
-_SAMPLING_KEYS = ("timeout", "max_attempts", "max_tokens", "max_cost", "max_seconds",
-                  "price_per_input_token", "price_per_output_token")
+_SAMPLING_KEYS = ("timeout", "max_attempts", "base_delay", "max_delay", "max_retry_after",
+                  "max_tokens", "max_cost", "max_seconds", "price_per_input_token",
+                  "price_per_output_token")
+_RETRY_KEYS = ("max_attempts", "base_delay", "max_delay", "max_retry_after")
 _BUDGET_KEYS = ("max_tokens", "max_cost", "max_seconds", "price_per_input_token",
                 "price_per_output_token")
 
@@ -488,9 +490,13 @@ class JobSpec:
     """What to run on every prompt.
 
     ``sampling``: engine options that change results and therefore enter the idempotency key:
-    ``timeout`` (seconds per model/scorer attempt), ``max_attempts`` (per call, first included),
-    and the per-query :class:`beacon.budget.Budget` caps ``max_tokens``, ``max_cost`` (money),
-    ``max_seconds`` (wall time) with ``price_per_input_token`` / ``price_per_output_token``.
+    ``timeout`` (seconds per model/scorer attempt), the :class:`beacon.retry.RetryPolicy` fields
+    ``max_attempts`` (per call, first included), ``base_delay`` and ``max_delay`` (backoff
+    seconds) and ``max_retry_after`` (the longest server ``Retry-After`` waited for, seconds;
+    a longer one fails the call), and the per-query :class:`beacon.budget.Budget` caps
+    ``max_tokens``, ``max_cost`` (money), ``max_seconds`` (wall time) with
+    ``price_per_input_token`` / ``price_per_output_token``. Unset ones take the engine's
+    defaults (``RetryPolicy()``'s: 3 attempts, 0.5 s, 10 s, 60 s) and are left out of the key.
     ``keep_candidates``: write every candidate with its reward to the output (formatting only;
     not part of the key).
     """
@@ -525,6 +531,10 @@ class JobSpec:
         # a plain bool: "false" (a string from a JSON file) must not switch candidates on
         object.__setattr__(self, "keep_candidates",
                            boolean("keep_candidates", self.keep_candidates, JobInputError))
+
+    def retry_kwargs(self) -> dict[str, Any]:
+        """The ``sampling`` entries that are :class:`beacon.retry.RetryPolicy` fields."""
+        return {k: v for k, v in self.sampling.items() if k in _RETRY_KEYS}
 
     def budget_kwargs(self) -> dict[str, Any]:
         """The ``sampling`` entries that are :class:`beacon.budget.Budget` fields."""
