@@ -34,6 +34,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -43,11 +44,12 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from worker.config import is_redis_url
+from worker.config import is_redis_url, url_without_credentials
 from worker.state import JobStore, UnknownJobError
 
-__all__ = ["CHUNK", "BrokerInspectionError", "KeyDigests", "RequeueResult", "Sweeper",
-           "broker_digests", "broker_keys", "in_broker", "requeue_lost", "requeue_lost_jobs"]
+__all__ = ["CHUNK", "BrokerInspectionError", "BrokerUnreachableError", "KeyDigests",
+           "RequeueResult", "Sweeper", "broker_digests", "broker_keys", "in_broker",
+           "requeue_lost", "requeue_lost_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,17 @@ class KeyDigests:
 
 class BrokerInspectionError(RuntimeError):
     """The broker cannot be inspected for lost messages (not Redis)."""
+
+
+class BrokerUnreachableError(RuntimeError):
+    """The broker could not be read for the messages it holds (down, a network cut, a
+    timeout). Raised instead of redis's own ``ConnectionError`` / ``TimeoutError`` so that a
+    caller can tell it from the state store going away: with a Redis broker both raise those.
+    ``broker`` is its URL without credentials."""
+
+    def __init__(self, broker_url: str, cause: BaseException) -> None:
+        self.broker = url_without_credentials(broker_url)
+        super().__init__(f"cannot reach the broker {self.broker}: {str(cause).rstrip('.')}")
 
 
 @dataclass(frozen=True)
@@ -243,6 +256,8 @@ def requeue_lost_jobs(
         first = broker_digests(r, queues, checked)
         time.sleep(settle)
         second = broker_digests(r, queues, checked)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise BrokerUnreachableError(broker_url, exc) from None
     finally:
         r.close()
     for job_id, (queue, _, pending) in checked.items():
@@ -300,7 +315,10 @@ def requeue_lost(
     ``CHUNK`` prompts at most per call. ``force`` skips the broker inspection and the grace
     period and resends every pending prompt (for brokers that cannot be inspected; duplicates
     are harmless but cost a run).
-    Raises :class:`~worker.state.UnknownJobError` for a job the store does not know.
+    Raises :class:`~worker.state.UnknownJobError` for a job the store does not know,
+    :class:`BrokerUnreachableError` when the broker cannot be read; what ``send`` raises
+    (:func:`worker.tasks.resend`: kombu's ``OperationalError`` for the broker) and the state
+    store's redis ``ConnectionError`` / ``TimeoutError`` pass through.
     """
     if force:
         queue = store.meta(job_id).get("queue", "")
@@ -316,11 +334,29 @@ def requeue_lost(
     return res[job_id]
 
 
+# KEYS[1]: the sweep lock; ARGV: the owner's token, milliseconds. Only while the lock still
+# holds the token (it may have expired and been taken by another worker): set its expiry to
+# ARGV[2] ms, or delete it when ARGV[2] is 0. One round trip, so nothing can take the lock
+# between the check and the change.
+_LOCK_IF_OWNED = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if tonumber(ARGV[2]) > 0 then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return redis.call('DEL', KEYS[1])
+"""
+
+
 class Sweeper:
     """A daemon thread that periodically requeues lost prompts of every unfinished job.
 
-    One sweep at a time across all workers (a Redis lock that expires with the interval),
-    so a fleet of workers does not scan the broker in parallel.
+    One sweep at a time across all workers, so a fleet of workers does not scan the broker in
+    parallel: a Redis lock (``P:sweep-lock``) holding a random token of its owner. It expires
+    ``max(1, interval)`` seconds after it was taken or last renewed, so a worker that dies
+    mid-sweep blocks the others for that long at most; a thread renews it every third of that
+    while the sweep runs (a sweep of a large job, or of a long broker queue, may take longer
+    than the interval). When the sweep ends the lock is kept until ``interval`` seconds after
+    it was taken, or deleted if that time is past: the fleet sweeps once an interval, not once
+    per worker. Renewing and releasing change the lock only while it still holds the owner's
+    token.
     """
 
     def __init__(self, store: JobStore, *, broker_url: str, interval: float, grace: float,
@@ -328,7 +364,12 @@ class Sweeper:
         self.store, self.broker_url = store, broker_url
         self.interval, self.grace, self.send = interval, grace, send
         self._stop = threading.Event()
+        self._lock_if_owned = store.r.register_script(_LOCK_IF_OWNED)
         self.thread = threading.Thread(target=self._main, name="beacon-sweeper", daemon=True)
+
+    @property
+    def lock_key(self) -> str:
+        return f"{self.store.prefix}:sweep-lock"
 
     def start(self) -> Sweeper:
         self.thread.start()
@@ -339,16 +380,45 @@ class Sweeper:
 
     def sweep_once(self) -> list[RequeueResult]:
         """Check every unfinished job once (if no other worker is sweeping right now)."""
-        lock = f"{self.store.prefix}:sweep-lock"
-        if not self.store.r.set(lock, "1", nx=True, ex=max(1, int(self.interval))):
+        token = uuid.uuid4().hex
+        ttl_ms = max(1000, int(self.interval * 1000))
+        taken = time.monotonic()
+        if not self.store.r.set(self.lock_key, token, nx=True, px=ttl_ms):
             return []
-        jobs = self.store.active_jobs()
-        res = requeue_lost_jobs(self.store, jobs, broker_url=self.broker_url, send=self.send,
-                                grace=self.grace)
-        for job_id in jobs:
-            if job_id not in res or res[job_id].skipped == "finished":  # expired or done
-                self.store.retire(job_id)
-        return list(res.values())
+        done = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(token, ttl_ms, done),
+                                   name="beacon-sweep-lock", daemon=True)
+        renewer.start()
+        try:
+            jobs = self.store.active_jobs()
+            res = requeue_lost_jobs(self.store, jobs, broker_url=self.broker_url,
+                                    send=self.send, grace=self.grace)
+            for job_id in jobs:
+                if job_id not in res or res[job_id].skipped == "finished":  # expired or done
+                    self.store.retire(job_id)
+            return list(res.values())
+        finally:
+            done.set()
+            renewer.join()
+            left_ms = int((self.interval - (time.monotonic() - taken)) * 1000)
+            try:
+                self._lock_if_owned(keys=[self.lock_key], args=[token, max(0, left_ms)])
+            except redis.exceptions.RedisError:
+                # Redis is away (the sweep itself probably failed on it): the lock expires
+                # by itself within max(1, interval) seconds of its last renewal.
+                log.debug("could not release the sweep lock", exc_info=True)
+
+    def _renew(self, token: str, ttl_ms: int, done: threading.Event) -> None:
+        """Push the lock's expiry ``ttl_ms`` ahead every third of it until ``done``."""
+        while not done.wait(ttl_ms / 3000):
+            try:
+                if not self._lock_if_owned(keys=[self.lock_key], args=[token, ttl_ms]):
+                    log.warning("the sweep lock expired during a sweep (Redis was slow or "
+                                "unreachable for %g s); another worker may sweep at the "
+                                "same time", ttl_ms / 1000)
+                    return
+            except redis.exceptions.RedisError:
+                log.warning("could not renew the sweep lock; trying again", exc_info=True)
 
     def _main(self) -> None:
         while not self._stop.wait(self.interval):

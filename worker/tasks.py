@@ -54,7 +54,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import redis
 from celery import group, signals
@@ -86,6 +86,9 @@ from beacon.result import BeaconResult, Candidate
 from worker.app import app, settings
 from worker.config import is_redis_url
 from worker.state import JobStore, UnknownJobError
+
+if TYPE_CHECKING:
+    from worker.recovery import KeyDigests
 
 __all__ = ["BrokerUnavailableError", "ForeignStoreError", "LostRunsError", "MessageHeaderError",
            "SubmitResult", "get_loop", "resend", "run_prompt", "submit_job"]
@@ -613,17 +616,22 @@ def _check_broker() -> None:
         raise BrokerUnavailableError(_broker_label(), exc) from None
 
 
-def _queued_keys(st: JobStore, job_id: str, queues: set[str]) -> set[str]:
+def _queued_keys(st: JobStore, job_id: str, queues: set[str]) -> KeyDigests:
     """Prompt keys of ``job_id`` whose task is already waiting in ``queues`` or held
-    unacknowledged by a worker (Redis broker only; empty for others, which cannot be read)."""
-    from worker.recovery import broker_keys
+    unacknowledged by a worker (Redis broker only; empty for others, which cannot be read).
+
+    As 64-bit digests (:class:`~worker.recovery.KeyDigests`, 8 bytes a queued message): a
+    resubmission holds them for as long as it sends, and a backlog may be millions deep. A
+    digest collision (about 2**-64 a pair) would leave one unqueued prompt unsent, to the
+    sweeper (:mod:`worker.recovery`) once the colliding message is gone."""
+    from worker.recovery import KeyDigests, broker_digests
 
     url = str(app.conf.broker_url or "")
     if not is_redis_url(url) or not queues:
-        return set()
+        return KeyDigests()
     r = redis.Redis.from_url(url)
     try:
-        return broker_keys(r, sorted(queues)).get(job_id, set())
+        return broker_digests(r, sorted(queues), [job_id])[job_id]
     finally:
         r.close()
 
@@ -714,9 +722,11 @@ def submit_job(
     # second time (each would be paid for twice); only lost or unsent ones are. The broker's
     # queue is read (every message in it) only once a prompt is about to be sent.
     @functools.cache
-    def in_broker() -> set[str]:
+    def in_broker() -> KeyDigests:
+        from worker.recovery import KeyDigests
+
         if not resubmitted:
-            return set()
+            return KeyDigests()
         return _queued_keys(st, job_id, {target, *prior_queues} - {""})
     spec_ref = st.create(job_id, spec.to_dict(), source=source)
     enqueued = already = queued = 0

@@ -960,35 +960,37 @@ def status_command(
     rq = None
     if requeue_lost:
         try:
-            import redis
             from kombu.exceptions import OperationalError
 
             from worker.app import settings
             from worker.config import url_without_credentials
-            from worker.recovery import BrokerInspectionError
+            from worker.recovery import BrokerInspectionError, BrokerUnreachableError
             from worker.recovery import requeue_lost as find_and_resend
             from worker.tasks import resend
         except ModuleNotFoundError as exc:
             _missing_extra(exc)
 
+        rerun = ("lost prompts were not (all) sent again: run --requeue-lost again once it "
+                 "is back")
         try:
-            rq = find_and_resend(
-                store,
-                job,
-                broker_url=settings.broker_url,
-                grace=0.0,
-                force=force,
-                send=lambda j, items, q: resend(j, items, q, store=store),
-            )
-        except BrokerInspectionError as exc:
-            fail(str(exc))
-        except (OperationalError, redis.exceptions.ConnectionError,
-                redis.exceptions.TimeoutError) as exc:
-            # the state store answered the status just above: it is the broker (read for
-            # its queued messages, or written with the resent ones) that is down
+            # The broker's reads raise BrokerUnreachableError and its sends kombu's
+            # OperationalError; a redis ConnectionError left over is the state store's (the
+            # same exception type from either side would otherwise blame the wrong service).
+            with _state_store_errors(store, f"while requeueing lost prompts of job {job}",
+                                     rerun):
+                rq = find_and_resend(
+                    store,
+                    job,
+                    broker_url=settings.broker_url,
+                    grace=0.0,
+                    force=force,
+                    send=lambda j, items, q: resend(j, items, q, store=store),
+                )
+        except (BrokerInspectionError, BrokerUnreachableError) as exc:
+            fail(str(exc) if isinstance(exc, BrokerInspectionError) else f"{exc}; {rerun}")
+        except OperationalError as exc:
             fail(f"cannot reach the broker {url_without_credentials(settings.broker_url)}: "
-                 f"{str(exc).rstrip('.')}; lost prompts were not (all) sent again: run "
-                 "--requeue-lost again once it is back")
+                 f"{str(exc).rstrip('.')}; {rerun}")
         payload["requeue"] = rq.to_dict()
     if as_json:
         typer.echo(json.dumps(payload, indent=2))
