@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from beacon._sync import call_in_thread
 from beacon.engine.protocol import (
     Generation,
     as_reward,
@@ -315,34 +316,52 @@ class LIQuery:
 
     ``text`` is the query string (what the scorer sees); ``bundle`` the ``QueryBundle`` an
     inner query engine is queried with; ``prompt`` the formatted LLM prompt (LLM mode);
-    ``contexts`` maps each inner-engine sample's text to its source nodes' contents (what a
-    LlamaIndex evaluator is given as ``contexts``, as ``aevaluate_response`` gives them).
+    ``template`` and ``variables`` what it was formatted from, so that a LlamaIndex ``LLM`` can
+    format it its own way (see :func:`li_generate_llm`); ``contexts`` maps each inner-engine
+    sample's text to its source nodes' contents (what a LlamaIndex evaluator is given as
+    ``contexts``, as ``aevaluate_response`` gives them).
     """
 
     text: str
     bundle: Any = field(default=None, repr=False)
     prompt: str = ""
     contexts: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    template: Any = field(default=None, repr=False)
+    variables: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __str__(self) -> str:
         return self.text
 
 
 def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
-    """``generate(query)``: one completion of ``query.prompt`` from a LlamaIndex ``LLM``.
+    """``generate(query)``: one completion of the query's prompt from a LlamaIndex ``LLM``.
 
-    Uses ``acomplete`` (``formatted=True``: the prompt template was applied already) for
-    completion models and ``achat`` with one user message for chat models, so both kinds work
-    and LlamaIndex's own LLM instrumentation events fire for every sample.
+    The prompt reaches the model as LlamaIndex's own ``LLM.predict`` sends a template: a chat
+    model gets ``achat`` with the template's messages (a ``ChatPromptTemplate`` keeps its system
+    and user roles) after the LLM's ``system_prompt``; a completion model gets ``acomplete``
+    (``formatted=True``) with the template rendered through the LLM's ``messages_to_prompt`` /
+    ``completion_to_prompt`` and extended by its ``system_prompt`` and
+    ``query_wrapper_prompt``. An object with ``acomplete`` but without the ``LLM`` base class's
+    formatting gets ``query.prompt`` as is. LlamaIndex's own LLM instrumentation events fire
+    for every sample.
     """
+    from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+    get_messages = getattr(llm, "_get_messages", None)
+    get_prompt = getattr(llm, "_get_prompt", None)
 
     async def generate(query: LIQuery) -> Generation:
         if getattr(llm.metadata, "is_chat_model", False):
-            from llama_index.core.base.llms.types import ChatMessage, MessageRole
-
-            resp = await llm.achat([ChatMessage(role=MessageRole.USER, content=query.prompt)])
+            if query.template is not None and callable(get_messages):
+                messages = get_messages(query.template, **query.variables)
+            else:
+                messages = [ChatMessage(role=MessageRole.USER, content=query.prompt)]
+            resp = await llm.achat(messages)
         else:
-            resp = await llm.acomplete(query.prompt, formatted=True)
+            prompt = query.prompt
+            if query.template is not None and callable(get_prompt):
+                prompt = get_prompt(query.template, **query.variables)
+            resp = await llm.acomplete(prompt, formatted=True)
         return coerce_generation(resp)
 
     return generate
@@ -383,6 +402,18 @@ def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]
     return generate
 
 
+def _evaluator_kind(scorer: Any) -> str | None:
+    """``"async"`` for an evaluator with ``aevaluate`` (every ``BaseEvaluator``), ``"sync"``
+    for an evaluator-like object with only ``evaluate``, ``None`` for a plain callable."""
+    if callable(scorer):
+        return None
+    if callable(getattr(scorer, "aevaluate", None)):
+        return "async"
+    if callable(getattr(scorer, "evaluate", None)):
+        return "sync"
+    return None
+
+
 class _LIScore:
     """Engine scorer: ``score(query_str, text)`` (sync or async), or a LlamaIndex evaluator
     (given the sample's source node contents as ``contexts`` in inner-engine mode).
@@ -396,14 +427,26 @@ class _LIScore:
     def __init__(self, scorer: Any) -> None:
         self.scorer = scorer
         self.batched = is_batched(scorer)
-        self._evaluator = callable(getattr(scorer, "aevaluate", None)) and not callable(scorer)
+        self._evaluator = _evaluator_kind(scorer)
 
     async def __call__(self, query: LIQuery, response: Any) -> Any:
-        if self._evaluator:
+        if self._evaluator is not None:
             # as the evaluator's own aevaluate_response(query, Response) calls it
             contexts = query.contexts.get(response)
-            extra = {} if contexts is None else {"contexts": contexts}
-            res = await self.scorer.aevaluate(query=query.text, response=response, **extra)
+            kwargs: dict[str, Any] = {"query": query.text, "response": response}
+            if contexts is not None:
+                kwargs["contexts"] = contexts
+            if self._evaluator == "async":
+                res = await _maybe_await(self.scorer.aevaluate(**kwargs))
+            else:
+                # a sync evaluator is an LLM judge's blocking call: off the event loop, so
+                # the other samples and the engine's timeout keep running
+                res = await call_in_thread(lambda: self.scorer.evaluate(**kwargs))
+            if not hasattr(res, "score"):
+                raise _reward_error(
+                    type(res).__name__,
+                    "the evaluator returned no EvaluationResult (an object with a score)",
+                )
             if res.score is None:
                 raise _no_score(res)
             return res.score
@@ -433,10 +476,12 @@ def li_score(scorer: Any) -> _LIScore:
     ``batched = True`` for ``score(query_str, [texts]) -> [floats]``, e.g. a
     ``beacon_integrations.scorers`` HTTP scorer), or a LlamaIndex ``BaseEvaluator`` whose
     ``aevaluate(query=..., response=...)`` result ``.score`` is the reward (over an inner query
-    engine also ``contexts=``: the sample's source node contents).
+    engine also ``contexts=``: the sample's source node contents); an evaluator-like object
+    with a synchronous ``evaluate(query=..., response=...)`` only is called in a worker thread.
     """
-    if not callable(scorer) and not callable(getattr(scorer, "aevaluate", None)):
+    if not callable(scorer) and _evaluator_kind(scorer) is None:
         raise TypeError(
-            f"scorer must be a callable or a LlamaIndex evaluator, got {type(scorer).__name__}"
+            f"scorer must be a callable or a LlamaIndex evaluator (with aevaluate or evaluate), "
+            f"got {type(scorer).__name__}"
         )
     return _LIScore(scorer)

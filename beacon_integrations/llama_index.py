@@ -279,11 +279,14 @@ class BeaconQueryEngine(BaseQueryEngine):
         scorer: reward ``score(query_str, response_text) -> float`` (sync or async;
             ``batched = True`` for ``(query_str, [texts]) -> [floats]``; any
             ``beacon_integrations.scorers`` scorer), or a LlamaIndex evaluator whose
-            ``aevaluate(query=..., response=...)`` returns a result with a ``score``.
+            ``aevaluate(query=..., response=...)`` returns a result with a ``score`` (an
+            evaluator-like object with only a blocking ``evaluate`` runs in a worker thread).
         config: :class:`beacon.BeaconConfig` (cost c in reward units per sample, horizon n,
             family, batch size, prior, transform); its ``to_dict()`` is accepted too.
         llm: sample answers from this LlamaIndex ``LLM`` (``prompt_template`` formats the query,
-            variable ``{query_str}``, required) ...
+            variable ``{query_str}``, required; the prompt is sent as ``LLM.predict`` sends a
+            template: a ``ChatPromptTemplate`` keeps its roles for a chat model, and the LLM's
+            ``system_prompt``, ``query_wrapper_prompt`` and ``completion_to_prompt`` apply) ...
         query_engine: ... or sample full responses from this query engine (exactly one of the
             two). The chosen response keeps its source nodes and metadata.
         prompt_template: LLM mode only; default: the query string itself.
@@ -370,8 +373,11 @@ class BeaconQueryEngine(BaseQueryEngine):
         """
         query_bundle = _as_bundle("query_bundle", query_bundle)
         q = query_bundle.query_str
-        prompt = self._prompt.format(query_str=q) if self._llm is not None else ""
-        query = LIQuery(q, query_bundle, prompt)
+        if self._llm is not None:
+            query = LIQuery(q, query_bundle, self._prompt.format(query_str=q),
+                            template=self._prompt, variables={"query_str": q})
+        else:
+            query = LIQuery(q, query_bundle)
         res = await self._sampler.arun(query, observers=[_observer(q)])
         res.prompt = q
         return res
@@ -473,6 +479,8 @@ class BeaconQueryTransform(BaseQueryTransform):
         prompt: template with ``{query_str}`` (or ``{context_str}``, as LlamaIndex's HyDE
             prompt names the query); any other variable is a :class:`beacon.ConfigError`;
             defaults: :data:`DEFAULT_REWRITE_PROMPT` and LlamaIndex's ``DEFAULT_HYDE_PROMPT``.
+            It is sent as ``LLM.predict`` sends a template (the LLM's ``system_prompt`` and
+            prompt wrappers apply).
         include_original: keep the original query's embedding strings after the chosen one.
 
     ``last_result`` holds the :class:`~beacon.result.BeaconResult` of the latest run (for
@@ -529,8 +537,9 @@ class BeaconQueryTransform(BaseQueryTransform):
         bundle = _as_bundle("query_bundle_or_str", query_bundle_or_str)
         q = bundle.query_str
         # HyDE templates name the query {context_str}; str.format ignores the unused name.
-        prompt = self._prompt.format(query_str=q, context_str=q)
-        res = await self._sampler.arun(LIQuery(q, bundle, prompt), observers=[_observer(q)])
+        query = LIQuery(q, bundle, self._prompt.format(query_str=q, context_str=q),
+                        template=self._prompt, variables={"query_str": q, "context_str": q})
+        res = await self._sampler.arun(query, observers=[_observer(q)])
         res.prompt = q
         self.last_result = res
         best = res.best
