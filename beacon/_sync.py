@@ -11,6 +11,12 @@ synchronous call from a coroutine would block it; prefer the async API from asyn
 A KeyboardInterrupt (Ctrl-C in Jupyter) in the blocked caller cancels the coroutine and waits
 for it to wind down before it propagates, so an interrupted query stops calling the model.
 
+In both cases the private loop is shut down with a bounded wait (:func:`_shutdown`): tasks
+still running when the coroutine has finished (e.g. a sample the engine abandoned because its
+client swallows ``asyncio.CancelledError``) are cancelled and waited for at most
+:data:`beacon.engine.calls.CANCEL_GRACE` s, then dropped, and the loop is closed anyway.
+``asyncio.run`` would wait for them as long as their client runs, possibly forever.
+
 :func:`call_in_thread` is the engine's way to await a blocking callable (``offload_sync``).
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -26,6 +33,13 @@ from typing import Any, TypeVar
 __all__ = ["call_in_thread", "in_running_loop", "run_sync"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# Coroutines of dropped tasks that could not be closed (they ignore GeneratorExit too): kept
+# referenced, never resumed, since the garbage collector would close them again outside any
+# loop (where such a client may spin in its own retry loop, or spill "Exception ignored" on
+# stderr). The price of such a client: its suspended frames stay in memory.
+_unclosable: set[Any] = set()
 
 
 def in_running_loop() -> bool:
@@ -40,7 +54,7 @@ def in_running_loop() -> bool:
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` and return its result (or raise its exception)."""
     if not in_running_loop():
-        return asyncio.run(coro)
+        return _run_private(coro)
     ctx = contextvars.copy_context()
     box: dict[str, Any] = {}
     stop, done = threading.Event(), threading.Event()
@@ -83,15 +97,109 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _run_private(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(coro)`` on a new loop, closed after, even where ``asyncio.run`` is patched.
+    """Run ``coro`` on a new event loop, closed after with a bounded wait (:func:`_shutdown`).
 
-    ``nest_asyncio.apply()`` (common in Jupyter) replaces ``asyncio.run`` by one that runs on
-    the thread's event loop and never closes it: in the worker thread, each call would leave
-    a new open loop behind (its selector and self-pipe sockets, and the sampler's per-loop
-    state). ``asyncio.Runner`` is what the unpatched ``asyncio.run`` uses.
+    Not ``asyncio.run``: its shutdown waits for every task left on the loop however long it
+    runs, and ``nest_asyncio.apply()`` (common in Jupyter) replaces it by one that runs on the
+    thread's event loop and never closes it: in the worker thread, each call would leave a new
+    open loop behind (its selector and self-pipe sockets, and the sampler's per-loop state).
+    ``asyncio.Runner`` runs the coroutine as the unpatched ``asyncio.run`` does (Ctrl-C in the
+    main thread cancels it); only its ``close()`` is replaced.
     """
-    with asyncio.Runner() as runner:
+    runner = asyncio.Runner()
+    loop = runner.get_loop()
+    try:
         return runner.run(coro)
+    finally:
+        try:
+            _shutdown(loop)
+        finally:
+            asyncio.set_event_loop(None)  # as Runner.close() does: no closed loop left current
+            loop.close()
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop) -> None:
+    """Wind down what ``coro`` left on ``loop``, bounded by a few ``CANCEL_GRACE``.
+
+    The leftover tasks are cancelled and waited for at most ``CANCEL_GRACE`` s; those still
+    running (their client swallows ``CancelledError``) are dropped (:func:`_drop`), with a
+    warning logged. The same for async generators left unfinished (``shutdown_asyncgens``).
+    The default executor is not joined (``loop.close()`` shuts it down without waiting): a
+    thread blocked in an abandoned ``asyncio.to_thread`` call finishes on its own.
+    """
+    from beacon.engine.calls import CANCEL_GRACE  # beacon.engine imports this module
+
+    def settle(tasks: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
+        if not tasks:
+            return tasks
+        for t in tasks:
+            t.cancel()
+        loop.run_until_complete(asyncio.wait(tasks, timeout=CANCEL_GRACE))
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                loop.call_exception_handler({
+                    "message": "unhandled exception during run_sync() shutdown",
+                    "exception": t.exception(),
+                    "task": t,
+                })
+        return {t for t in tasks if not t.done()}
+
+    stuck = settle(asyncio.all_tasks(loop))
+    gens = loop.create_task(loop.shutdown_asyncgens())
+    loop.run_until_complete(asyncio.wait({gens}, timeout=CANCEL_GRACE))
+    stuck |= settle(asyncio.all_tasks(loop) - stuck)
+    if stuck:
+        log.warning(
+            "%d task(s) left running when the synchronous call ended ignored their "
+            "cancellation for %g s (a client swallowing asyncio.CancelledError); dropped with "
+            "their event loop, their outcome is lost",
+            len(stuck), CANCEL_GRACE,
+        )
+        loop.run_until_complete(_drop(stuck))
+
+
+async def _drop(tasks: set[asyncio.Task[Any]]) -> None:
+    """Close the coroutines of ``tasks`` (pending, about to lose their loop) without noise.
+
+    Done inside the running loop: a coroutine that catches the ``GeneratorExit`` and awaits
+    again suspends (and ``close()`` fails) rather than failing for want of a running loop,
+    which such a client might retry forever. No "Task was destroyed but it is pending" at
+    garbage collection: the task is known to be dropped.
+    """
+    from beacon.engine.calls import _abandoned
+
+    for t in tasks:
+        _abandoned.discard(t)  # the engine's reference to a task it abandoned: it never ends now
+        t._log_destroy_pending = False  # type: ignore[attr-defined]
+        # a step already scheduled would resume the closed coroutine and fail: seen, no log
+        t.add_done_callback(_seen)
+        coro = t.get_coro()
+        chain = _await_chain(coro)
+        try:
+            coro.close()
+        except (Exception, asyncio.CancelledError) as exc:  # its own cleanup failed
+            log.debug("closing dropped task %r failed: %r", t, exc)
+        # close() closes the innermost awaited coroutine first; one that ignored the
+        # GeneratorExit stays suspended even where the outer ones then ended
+        _unclosable.update(c for c in chain if _suspended(c))
+
+
+def _await_chain(coro: Any) -> list[Any]:
+    """``coro`` and the coroutines (or generators) it is awaiting, outermost first."""
+    chain: list[Any] = []
+    while coro is not None and len(chain) < 1000:
+        chain.append(coro)
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return chain
+
+
+def _suspended(coro: Any) -> bool:
+    return (getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)) is not None
+
+
+def _seen(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def callable_name(fn: Any) -> str:

@@ -59,11 +59,12 @@ from langchain_core.utils.pydantic import TypeBaseModel, get_fields
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, RootModel, field_validator
 from typing_extensions import TypeVar
 
-from beacon._checks import is_real, positive_int
-from beacon._sync import run_sync
+from beacon._checks import boolean, is_real, positive_int
+from beacon._sync import _run_private, call_in_thread, run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine import BeaconSampler
+from beacon.engine.protocol import is_batched, is_inline_sync
 from beacon.errors import ConfigError
 from beacon.events import BeaconEvent, SampleEvent
 from beacon.result import BeaconResult
@@ -155,6 +156,8 @@ def _iterate_in_thread(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
 
     The generator runs on a private event loop in a worker thread (with the caller's context
     variables); items cross over a queue. Closing the iterator early cancels the generator.
+    The loop is shut down as ``run_sync``'s (``beacon._sync._run_private``): a call abandoned
+    because its client swallows its cancellation does not hold the iterator up.
     """
     q: queue.Queue[tuple[str, Any]] = queue.Queue()
     holder: dict[str, Any] = {}
@@ -177,7 +180,7 @@ def _iterate_in_thread(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
 
     def target() -> None:
         try:
-            ctx.run(asyncio.run, pump())
+            ctx.run(_run_private, pump())
         except BaseException as exc:  # handed to the consumer thread
             q.put(("error", exc))
         else:
@@ -207,6 +210,25 @@ def _iterate_in_thread(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
                     with contextlib.suppress(RuntimeError):
                         holder["loop"].call_soon_threadsafe(holder["task"].cancel)
         t.join()
+
+
+def _in_threads(scorer: Any) -> Any:
+    """``scorer`` as an async callable running it in a worker thread per call, when it is a
+    plain synchronous callable (``offload_sync``); anything else as it is.
+
+    Keeps the name (the scorer's child run is named after it) and a ``batched`` declaration.
+    An awaitable the sync callable returns is awaited on the loop, as without offloading.
+    """
+    if isinstance(scorer, Runnable) or not is_inline_sync(scorer):
+        return scorer
+
+    async def offloaded(prompt: Any, response: Any) -> Any:
+        return await call_in_thread(scorer, prompt, response)
+
+    offloaded.__name__ = getattr(scorer, "__name__", None) or type(scorer).__name__
+    if is_batched(scorer):
+        setattr(offloaded, "batched", True)  # noqa: B010 -- a function has no such attribute
+    return offloaded
 
 
 class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
@@ -243,9 +265,18 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         timeout: seconds allowed per model or scorer attempt (a number > 0, checked at
             construction), not counting the wait for ``rate_limiter``; ``None`` for no limit.
             A synchronous scorer callable runs on the event loop, where nothing interrupts it
-            (one that overruns is failed once it returns): make a slow scorer async, or wrap
-            a blocking one in ``RunnableLambda`` (LangChain runs it in a worker thread).
+            (one that overruns is failed once it returns), unless ``offload_sync``: make a
+            slow scorer async, set ``offload_sync=True``, or wrap a blocking one in
+            ``RunnableLambda`` (LangChain runs it in a worker thread).
         budget: per-query caps on tokens, money or wall time (stop reason ``budget``).
+        offload_sync: run a plain *synchronous* scorer callable in worker threads (one daemon
+            thread per call, :func:`beacon._sync.call_in_thread`, as
+            ``BeaconSampler(offload_sync=True)``), so that a blocking scorer does not stall the
+            other calls and ``timeout`` interrupts it: a call still blocked at the limit fails
+            its sample with a ``TimeoutError`` (retried as the policy says) and is abandoned,
+            its thread finishing on its own. Default ``False``: it is called on the event
+            loop's thread, as a thread-unsafe client or a main-thread-only scorer needs.
+            Async scorers and runnables are unaffected.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -259,6 +290,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
     retry: InstanceOf[RetryPolicy] | None = Field(default=None, exclude=True)
     timeout: float | None = 60.0
     budget: InstanceOf[Budget] | None = Field(default=None, exclude=True)
+    offload_sync: bool = False
 
     if TYPE_CHECKING:
         # What the constructor accepts, for type checkers: the validators below also take a
@@ -279,6 +311,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             retry: RetryPolicy | None = None,
             timeout: float | None = 60.0,
             budget: Budget | None = None,
+            offload_sync: bool = False,
             name: str | None = None,
         ) -> None: ...
 
@@ -295,6 +328,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             retry: RetryPolicy | None = None,
             timeout: float | None = 60.0,
             budget: Budget | None = None,
+            offload_sync: bool = False,
             name: str | None = None,
         ) -> None: ...
 
@@ -311,6 +345,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             retry: RetryPolicy | None = None,
             timeout: float | None = 60.0,
             budget: Budget | None = None,
+            offload_sync: bool = False,
             name: str | None = None,
         ) -> None: ...
 
@@ -356,6 +391,12 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         if not is_real(v) or not v > 0:
             raise ConfigError("timeout", v, "must be a positive number of seconds or None")
         return float(v)
+
+    @field_validator("offload_sync", mode="before")
+    @classmethod
+    def _check_offload_sync(cls, v: Any) -> Any:
+        # strict: pydantic would take "yes" or 1 as True
+        return boolean("offload_sync", v)
 
     # -- serialization ---------------------------------------------------------------------------
     @classmethod
@@ -441,7 +482,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         lim = self.rate_limiter
         return BeaconSampler(
             lc_generate(self.model),
-            lc_score(self.scorer),
+            lc_score(_in_threads(self.scorer) if self.offload_sync else self.scorer),
             self.config,
             max_concurrency=mc,
             before_model_call=None if lim is None else lim.aacquire,
