@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from beacon._checks import boolean, is_integer, is_real, real_as_float
 from beacon.errors import ConfigError, ConfigTypeError
-from beacon.priors import BetaPrior, NIGPrior, Prior, prior_from_dict
+from beacon.priors import (
+    BetaPrior,
+    NIGPrior,
+    Prior,
+    prior_from_dict,
+    rewards_before_first_decision,
+)
 from beacon.transforms import RewardTransform, make_transform
 
 if TYPE_CHECKING:
@@ -104,8 +110,7 @@ class BeaconConfig:
         prior = fam.default_prior() if self.prior is None else self.prior
         fam.check_prior(prior)
         object.__setattr__(self, "_prior", prior)
-        # a plugin family's prior may define k0 alone
-        object.__setattr__(self, "_k0", max(1, getattr(prior, "decision_k0", prior.k0)))
+        object.__setattr__(self, "_k0", rewards_before_first_decision(prior))
         if self.horizon < self.k0 + 1:
             raise ConfigError(
                 "horizon", self.horizon, f"must be >= k0 + 1 = {self.k0 + 1} for this prior"

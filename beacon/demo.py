@@ -107,30 +107,33 @@ class _Base:
         self.seed = int(seed)
         self.latency = _check("latency_ms", latency_ms, 0.0, 600_000.0) / 1000.0
         self.fail_rate = _check("fail_rate", fail_rate, 0.0, 1.0)
-        # failed attempts so far of each call that is being retried (dropped once it succeeds)
+        # unbound use only (a bound call keeps its own: see _io)
         self._failed: dict[tuple[Any, ...], int] = {}
 
-    async def _io(self, *parts: Any, retried: bool = True) -> None:
+    async def _io(self, *parts: Any, failed: dict[tuple[Any, ...], int] | None = None) -> None:
         """Latency, then a simulated 503 with probability ``fail_rate``.
 
-        ``retried``: a retry repeats the call with the same ``parts`` (a scorer call), so each
-        attempt draws anew, numbered, or a call that failed once would fail on every retry
-        and no failure would be transient. Without it every call has ``parts`` of its own (the
-        generator numbers its calls), and one draw per call is all there is.
+        ``failed``: the failed attempts so far of each call being retried (an entry is dropped
+        once its call succeeds), for a call that a retry repeats with the same ``parts`` (a
+        scorer call): each attempt draws anew, numbered, or a call that failed once would fail
+        on every retry and no failure would be transient. One dict per bound prompt, so that
+        a prompt's outcomes do not depend on what other prompts did in this process. ``None``:
+        every call has ``parts`` of its own (the generator numbers its calls), and one draw per
+        call is all there is.
         """
         if self.latency:
             await asyncio.sleep(self.latency)
         if not self.fail_rate:
             return
-        attempt = self._failed.get(parts, 0) if retried else 0
+        attempt = failed.get(parts, 0) if failed is not None else 0
         # a first attempt draws as it always has; a retry adds its number
         drawn = parts if attempt == 0 else (*parts, "attempt", attempt)
         if _uniforms(self.seed, "fail", *drawn, n=1)[0] < self.fail_rate:
-            if retried:
-                self._failed[parts] = attempt + 1
+            if failed is not None:
+                failed[parts] = attempt + 1
             raise DemoTransientError("demo endpoint: simulated 503")
-        if attempt:
-            del self._failed[parts]
+        if attempt and failed is not None:
+            del failed[parts]
 
 
 class DemoGenerator(_Base):
@@ -148,7 +151,7 @@ class DemoGenerator(_Base):
             i = counter[0]
             counter[0] += 1
             text = _text_of(prompt)
-            await self._io(text, "gen", i, retried=False)
+            await self._io(text, "gen", i)
             u_open, u_ok, u_wrong = _uniforms(self.seed, "gen", text, i, n=3)
             opening = _OPENINGS[int(u_open * len(_OPENINGS))]
             body = f"{opening} Draft {i} for: {text[:60]}"
@@ -186,10 +189,17 @@ class DemoScorer(_Base):
         return mu + sigma * _normal(self.seed, "e", text, response)
 
     def bind(self, record: Mapping[str, Any]) -> Callable[[Any, str], Awaitable[float]]:
-        return self.__call__
+        failed: dict[tuple[Any, ...], int] = {}
+
+        async def score(prompt: Any, response: str) -> float:
+            await self._io(_text_of(prompt), "score", response, failed=failed)
+            return self.reward(prompt, response)
+
+        return score
 
     async def __call__(self, prompt: Any, response: str) -> float:
-        await self._io(_text_of(prompt), "score", response)
+        """Unbound use: retries are counted per (prompt text, response) for this object."""
+        await self._io(_text_of(prompt), "score", response, failed=self._failed)
         return self.reward(prompt, response)
 
 
@@ -205,9 +215,10 @@ class DemoVerifier(_Base):
                               f"the demo verifier needs a reference answer (prompt id "
                               f"{record.get('id')!r})")
         want = str(reference).strip()
+        failed: dict[tuple[Any, ...], int] = {}
 
         async def verify(prompt: Any, response: str) -> float:
-            await self._io(_text_of(prompt), "verify", response)
+            await self._io(_text_of(prompt), "verify", response, failed=failed)
             found = _last_boxed(response)
             return 1.0 if found is not None and found.strip() == want else 0.0
 

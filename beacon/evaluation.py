@@ -65,7 +65,7 @@ from numpy.typing import NDArray
 from beacon._checks import is_real, real_as_float
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError, RewardError
-from beacon.priors import Prior
+from beacon.priors import Prior, rewards_before_first_decision
 from beacon.transforms import RewardTransform
 
 if TYPE_CHECKING:
@@ -1259,7 +1259,7 @@ def cap_horizon(
         return cfg, None
     k0 = cfg.k0
     if crossfit is not None:
-        k0 = max(max(1, fit.prior.k0) for fit in crossfit.fits)  # BeaconConfig.k0's rule
+        k0 = max(rewards_before_first_decision(fit.prior) for fit in crossfit.fits)
     if avail < k0 + 1:
         raise ConfigError(
             "horizon",

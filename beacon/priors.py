@@ -34,6 +34,7 @@ __all__ = [
     "load_prior",
     "nig_k0",
     "prior_from_dict",
+    "rewards_before_first_decision",
 ]
 
 
@@ -191,6 +192,12 @@ class BetaPrior:
 
 
 Prior = NIGPrior | BetaPrior
+
+
+def rewards_before_first_decision(prior: Any) -> int:
+    """``BeaconConfig.k0`` for ``prior``: its ``decision_k0`` (a plugin family's prior may
+    define ``k0`` alone), never fewer than 1."""
+    return max(1, int(getattr(prior, "decision_k0", prior.k0)))
 
 
 _PRIOR_CLASSES: dict[str, type[NIGPrior] | type[BetaPrior]] = {

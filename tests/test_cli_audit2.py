@@ -337,3 +337,75 @@ def test_family_help_names_every_builtin_family(command: str) -> None:
     help_text = text[text.index("--family") :][:400]
     for family in beacon.available_families():
         assert family in help_text, (command, family, help_text)
+
+
+@pytest.mark.parametrize("kind", ["scorer", "verifier"])
+def test_demo_failures_of_a_prompt_do_not_depend_on_other_prompts(kind: str) -> None:
+    import asyncio
+
+    from beacon.demo import DemoScorer, DemoTransientError, DemoVerifier
+
+    cls = DemoScorer if kind == "scorer" else DemoVerifier
+    record = {"id": "a", "reference": "4"}
+
+    async def outcomes(bound: Any) -> list[bool]:
+        out = []
+        for j in range(40):
+            try:
+                await bound("same prompt", f"response {j}")
+                out.append(True)
+            except DemoTransientError:
+                out.append(False)
+        return out
+
+    async def main() -> tuple[list[bool], list[bool]]:
+        used = cls(fail_rate=0.5)
+        await outcomes(used.bind(record))  # another prompt with the same text, earlier
+        again = await outcomes(used.bind(record))
+        fresh = await outcomes(cls(fail_rate=0.5).bind(record))
+        return again, fresh
+
+    again, fresh = asyncio.run(main())
+    assert not all(fresh) and any(fresh)  # the draw fails some first attempts, not all
+    # before, the failed-attempt counts of the first prompt's calls were shared: the second
+    # prompt's first attempts drew as retries
+    assert again == fresh
+
+
+def test_a_malformed_first_line_does_not_read_a_large_log_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tracemalloc
+
+    from beacon.cli import common
+
+    csv = tmp_path / "export.csv"
+    row = "prompt,reward\n" + "q,0.5\n" * 1
+    csv.write_text(row + "some prompt text,0.25\n" * 1_000_000)  # 22 MB
+    tracemalloc.start()
+    try:
+        assert common._json_document(csv) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # before, the whole file was read and parsed to look for a JSON array
+    assert peak < 1_000_000, peak
+    # a JSON array beyond the size read whole is still named, without its count
+    arr = tmp_path / "log.json"
+    arr.write_text(json.dumps([{"id": i, "rewards": [0.5]} for i in range(50)], indent=1))
+    assert common._json_document(arr) == ("one JSON array of 50 items", "'.[]'")
+    monkeypatch.setattr(common, "_JSON_DOCUMENT_MAX_BYTES", 100)
+    assert common._json_document(arr) == ("one JSON array", "'.[]'")
+
+
+def test_option_errors_name_the_option_given(tmp_path: Path) -> None:
+    # --allow's error named BEACON_ALLOWED_FACTORIES, which the user never set; a bad
+    # --warm-start-transform was reported on --warm-start
+    code, _, err = run("worker", "--allow", "bad module!")
+    assert code == 2 and "'--allow': 'bad module!'" in err and "BEACON_ALLOWED" not in err
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "a"}\n')
+    code, _, err = run("run", prompts, "-g", "beacon.demo:generator", "-s", "beacon.demo:scorer",
+                       "-o", tmp_path / "o.jsonl", "--warm-start",
+                       "--warm-start-transform", "bogus")
+    assert code == 2 and "'--warm-start-transform': 'bogus'" in err, err

@@ -232,3 +232,36 @@ def test_a_sweep_longer_than_its_interval_keeps_the_lock_and_releases_only_its_o
     assert _sweeper(store, 0.2, taken_over).sweep_once()
     assert store.r.get(lock) == b"another-worker" and 20000 < store.r.pttl(lock) <= 30000
     store.r.delete(lock)
+
+
+def test_a_prompt_whose_job_is_purged_while_it_runs_does_not_recreate_the_job(
+    tier: SimpleNamespace,
+) -> None:
+    """The job is purged while a real task's prompt runs (0.6 s of model latency): its outcome
+    was stored anyway, recreating the job's results alone (no meta) for another
+    BEACON_JOB_TTL, which a resubmission of the job id would then count as done."""
+    import threading
+
+    from test_worker_audit2 import _deliver
+
+    import beacon
+    import worker.tasks as tasks
+    from beacon.jobs import FactorySpec, JobSpec, PromptRecord
+    from beacon.jobs.keys import prompt_key
+
+    job_id = f"{PREFIX}-purged-mid-run"
+    slow = JobSpec(FactorySpec("beacon.demo:generator", {"latency_ms": 600.0}),
+                   FactorySpec("beacon.demo:scorer"), beacon.BeaconConfig(cost=0.1, horizon=4))
+    store = tasks.get_store()
+    ref = store.create(job_id, slow.to_dict(), source=job_id)
+    rec = PromptRecord(f"{job_id}-0", "question", line=1)
+    key = prompt_key(rec, slow)
+    store.add_prompts(job_id, [(key, {"record": rec.to_dict(), "line": 1, "spec": ref})])
+    purge = threading.Timer(0.2, store.purge, args=(job_id,))
+    purge.start()
+    try:
+        assert _deliver(store, job_id, ref, rec, key) == "unknown-job"
+    finally:
+        purge.join()
+    left = sorted(k.decode() for k in store.r.scan_iter(f"{store.prefix}:job:{job_id}:*"))
+    assert left == []

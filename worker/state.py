@@ -32,6 +32,7 @@ writes a key twice: that is the tier's idempotent fan-in writer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -65,7 +66,13 @@ if ARGV[4] == '1' then
 end
 """
 
-_STORE_RESULT = _END_RUN_IN_STORE + """
+# The job must still exist (KEYS[3], its meta): a run begun before a purge must not recreate
+# part of the job (its results alone, for another BEACON_JOB_TTL) when it ends.
+_JOB_GONE = """
+if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
+"""
+
+_STORE_RESULT = _JOB_GONE + _END_RUN_IN_STORE + """
 local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if added == 1 then redis.call('HDEL', KEYS[2], ARGV[1]) end
 """ + _touch_job(3) + """
@@ -93,7 +100,7 @@ local n = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
 return n
 """
 
-_STORE_ERROR = _END_RUN_IN_STORE + """
+_STORE_ERROR = _JOB_GONE + _END_RUN_IN_STORE + """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 """ + _touch_job(3) + """
@@ -175,8 +182,6 @@ class JobStore:
     def spec_ref(spec: dict[str, Any]) -> str:
         """Content hash naming a job spec (what each task message carries instead of the spec:
         a fitted transform can be tens of kB, too much to repeat in every message)."""
-        import hashlib
-
         from beacon.jobs.spec import canonical_json
 
         return hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()[:32]
@@ -283,8 +288,9 @@ class JobStore:
                      end_run: bool = False) -> bool:
         """Store a finished prompt; False if a result for ``key`` was already there.
         ``end_run``: also count the run that computed it as ended (:meth:`end_run`), atomically
-        with the store."""
-        return bool(self._store_result(
+        with the store. Raises :class:`UnknownJobError`, storing nothing, when the job is gone
+        (purged or expired while the prompt ran)."""
+        return self._stored(job_id, self._store_result(
             keys=self._job_keys(job_id),
             args=[key, json.dumps(payload, allow_nan=False), self.ttl, int(end_run)],
         ))
@@ -292,11 +298,17 @@ class JobStore:
     def store_error(self, job_id: str, key: str, payload: dict[str, Any], *,
                     end_run: bool = False) -> bool:
         """Record a failed prompt unless it already has a result; True if recorded.
-        ``end_run`` as for :meth:`store_result`."""
-        return bool(self._store_error(
+        ``end_run`` and a job that is gone as for :meth:`store_result`."""
+        return self._stored(job_id, self._store_error(
             keys=self._job_keys(job_id),
             args=[key, json.dumps(payload, allow_nan=False), self.ttl, int(end_run)],
         ))
+
+    @staticmethod
+    def _stored(job_id: str, reply: Any) -> bool:
+        if int(reply) < 0:
+            raise UnknownJobError(job_id)
+        return bool(reply)
 
     def reopen(self, job_id: str, keys: list[str]) -> int:
         """Forget the errors of ``keys`` (failed prompts about to be sent again): they are
@@ -456,8 +468,6 @@ def purge_refusal(c: CollectResult, *, allow_failed: bool = False) -> str | None
 def _draw(line: dict[str, Any]) -> tuple[bytes, Any]:
     """What tells two output lines of one prompt key apart: the same draw has the same best
     response (compared by a 128-bit digest of its JSON) and the same reward."""
-    import hashlib
-
     best = json.dumps(line.get("best"), sort_keys=True, ensure_ascii=False)
     return (hashlib.blake2b(best.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
             line.get("reward"))

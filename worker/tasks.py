@@ -458,6 +458,9 @@ def run_prompt(self: Any, job_id: str, key: str, record: dict[str, Any], line: i
             return "failed"
         # returns only once the outcome is stored, which also counted the run as ended
         return _run(store, job_id, key, rec, job)
+    except UnknownJobError:  # purged while the prompt ran: its outcome has nowhere to go
+        _gone(store, job_id, key)
+        return "unknown-job"
     except BaseException:
         with contextlib.suppress(*TRANSIENT_ERRORS):  # a lost decrement costs one count
             store.end_run(job_id, key)

@@ -349,13 +349,26 @@ def load_log(path: Path) -> LoggedRewards:
         fail(str(exc))
 
 
+# A log that fails on its first line is parsed as one JSON document only up to this size.
+_JSON_DOCUMENT_MAX_BYTES = 64 * 2**20
+
+
 def _json_document(path: Path) -> tuple[str, str] | None:
     """What ``path`` holds when it is one JSON array, or one object over several lines (an
     export written with ``indent``, say), rather than JSON Lines, and the ``jq`` filter that
-    turns it into JSON Lines; None otherwise. Regular files only."""
-    if not path.is_file():
-        return None
+    turns it into JSON Lines; None otherwise. Regular files only, up to
+    :data:`_JSON_DOCUMENT_MAX_BYTES` (a larger array is named without its item count); only
+    a file whose first non-blank character is ``[`` or ``{`` is read whole (a CSV export or a
+    header line is not)."""
     try:
+        if not path.is_file():
+            return None
+        with path.open("rb") as f:
+            head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+        if not head.startswith((b"[", b"{")):
+            return None
+        if path.stat().st_size > _JSON_DOCUMENT_MAX_BYTES:
+            return ("one JSON array", "'.[]'") if head.startswith(b"[") else None
         text = path.read_text(encoding="utf-8-sig")
         doc = json.loads(text)
     except (OSError, ValueError):  # ValueError: invalid JSON or UTF-8

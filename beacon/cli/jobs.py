@@ -574,6 +574,9 @@ def run_command(
                            wait=warm_start_wait)
             WarmStarter(ws, spec.config)  # checks family and transform before any prompt runs
         except ConfigError as exc:
+            # a bad transform is --warm-start-transform's, named by its own value
+            if exc.field.split(".")[-1] == "transform":
+                usage_error(f"{exc.value!r}: {exc.reason}", "--warm-start-transform")
             option_error(exc, "--warm-start")
     reasons: Counter[str] = Counter()
     last: list[JobProgress] = [JobProgress()]
@@ -1141,7 +1144,7 @@ def worker_command(
         usage_error(f"{pool!r}: choose prefork, threads or solo", "--pool")
     if allow:
         try:
-            parse_allow_list(",".join(allow), include_defaults=False)
+            parse_allow_list(",".join(allow), include_defaults=False, name="allow")
         except ConfigError as exc:
             option_error(exc, "--allow")
         prev = os.environ.get("BEACON_ALLOWED_FACTORIES", "")

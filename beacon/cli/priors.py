@@ -31,6 +31,7 @@ from beacon.cli.common import (
 )
 from beacon.errors import ConfigError, RewardError
 from beacon.evaluation import name_reward_error
+from beacon.priors import rewards_before_first_decision
 from beacon.transforms import RewardTransform
 
 __all__ = ["fit_prior_command", "register"]
@@ -124,7 +125,7 @@ def fit_prior_command(
             if doc["fitted_on"].get("dropped")
             else ""
         )
-        + f"; k0={max(1, fit.prior.k0)}; wrote {output}",
+        + f"; k0={rewards_before_first_decision(fit.prior)}; wrote {output}",
         markup=False,
     )
     if isinstance(doc["fitted_on"].get("note"), str):

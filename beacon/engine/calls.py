@@ -171,9 +171,11 @@ async def within(timeout: float | None, aw: Awaitable[T], what: str) -> T:
     :func:`_own_cancel_is_error`): the call is awaited inline, not as its own task, because a
     task per call costs two more event-loop hops per call (about 7-10% more wall time at 64
     calls in flight, ``python -m bench.bench_engine``) for every well-behaved client.
-    A query's deadline and its caller's cancellation do not wait for it that long: they
-    cancel the sample's task and abandon it after :data:`CANCEL_GRACE` (see
-    :func:`cancel_and_wait`).
+    Where the sample runs as its own task (a query with a deadline, or a batch of more than
+    one), the query's deadline and its caller's cancellation do not wait for it that long:
+    they cancel that task and abandon it after twice :data:`CANCEL_GRACE` (see
+    :func:`cancel_and_wait`). A sequential query without a deadline awaits its sample inline,
+    so there the caller's cancellation takes effect when the client returns.
     """
     if timeout is None:
         return await aw

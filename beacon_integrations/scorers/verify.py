@@ -205,8 +205,6 @@ class CorrectnessAdjusted:
         try:
             learned = self._rule(r, None)
         except RewardError as exc:
-            if exc is r:
-                raise
             err = RewardError(None, r, exc.reason)
             err.args = (f"invalid learned reward: {r!r} ({exc.reason})",)
             raise err from None
