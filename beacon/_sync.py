@@ -11,11 +11,11 @@ synchronous call from a coroutine would block it; prefer the async API from asyn
 A KeyboardInterrupt (Ctrl-C in Jupyter) in the blocked caller cancels the coroutine and waits
 for it to wind down before it propagates, so an interrupted query stops calling the model.
 
-In both cases the private loop is shut down with a bounded wait (:func:`_shutdown`): tasks
-still running when the coroutine has finished (e.g. a sample the engine abandoned because its
-client swallows ``asyncio.CancelledError``) are cancelled and waited for at most
-:data:`beacon.engine.calls.CANCEL_GRACE` s, then dropped, and the loop is closed anyway.
-``asyncio.run`` would wait for them as long as their client runs, possibly forever.
+In both cases the private loop is shut down as ``asyncio.run`` would (:func:`_shutdown`),
+except that a sample the engine abandoned (its client swallows ``asyncio.CancelledError``) is
+waited for at most :data:`beacon.engine.calls.CANCEL_GRACE` s more, then dropped, and the loop
+is closed anyway: ``asyncio.run`` would wait for it as long as its client runs, possibly
+forever.
 
 :func:`call_in_thread` is the engine's way to await a blocking callable (``offload_sync``).
 """
@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ctypes
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -35,11 +37,6 @@ __all__ = ["call_in_thread", "in_running_loop", "run_sync"]
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# Coroutines of dropped tasks that could not be closed (they ignore GeneratorExit too): kept
-# referenced, never resumed, since the garbage collector would close them again outside any
-# loop (where such a client may spin in its own retry loop, or spill "Exception ignored" on
-# stderr). The price of such a client: its suspended frames stay in memory.
-_unclosable: set[Any] = set()
 
 
 def in_running_loop() -> bool:
@@ -97,7 +94,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _run_private(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a new event loop, closed after with a bounded wait (:func:`_shutdown`).
+    """Run ``coro`` on a new event loop, closed after (:func:`_shutdown`).
 
     Not ``asyncio.run``: its shutdown waits for every task left on the loop however long it
     runs, and ``nest_asyncio.apply()`` (common in Jupyter) replaces it by one that runs on the
@@ -119,43 +116,68 @@ def _run_private(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _shutdown(loop: asyncio.AbstractEventLoop) -> None:
-    """Wind down what ``coro`` left on ``loop``, bounded by a few ``CANCEL_GRACE``.
+    """Wind down what ``coro`` left on ``loop`` as ``asyncio.run`` does, except for the samples
+    the engine abandoned.
 
-    The leftover tasks are cancelled and waited for at most ``CANCEL_GRACE`` s; those still
-    running (their client swallows ``CancelledError``) are dropped (:func:`_drop`), with a
-    warning logged. The same for async generators left unfinished (``shutdown_asyncgens``).
-    The default executor is not joined (``loop.close()`` shuts it down without waiting): a
-    thread blocked in an abandoned ``asyncio.to_thread`` call finishes on its own.
+    A task in ``beacon.engine.calls._abandoned`` (its client swallowed a cancellation, see
+    :func:`beacon.engine.calls.cancel_and_wait`) is cancelled once more and waited for at most
+    ``CANCEL_GRACE`` s, then dropped (:func:`_drop`) with a warning logged; the other leftover
+    tasks then get the same bounded wait (the dropped sample's call may run in a task of its
+    own), unfinished async generators are closed within ``CANCEL_GRACE`` s and the default
+    executor is not joined (a thread blocked in an abandoned ``asyncio.to_thread`` call
+    finishes on its own). Without such a sample every leftover task is cancelled and waited
+    for, its exception reported, the async generators closed and the default executor joined,
+    all without a bound, as ``asyncio.run`` does: a well-behaved task's cleanup is not cut
+    short.
     """
-    from beacon.engine.calls import CANCEL_GRACE  # beacon.engine imports this module
+    from beacon.engine.calls import CANCEL_GRACE, _abandoned  # beacon.engine imports this
 
-    def settle(tasks: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
-        if not tasks:
-            return tasks
-        for t in tasks:
+    leftover = asyncio.all_tasks(loop)
+    suspect = {t for t in leftover if t in _abandoned}
+    stuck: set[asyncio.Task[Any]] = set()
+    if suspect:
+        for t in suspect:
             t.cancel()
-        loop.run_until_complete(asyncio.wait(tasks, timeout=CANCEL_GRACE))
-        for t in tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                loop.call_exception_handler({
-                    "message": "unhandled exception during run_sync() shutdown",
-                    "exception": t.exception(),
-                    "task": t,
-                })
-        return {t for t in tasks if not t.done()}
-
-    stuck = settle(asyncio.all_tasks(loop))
+        loop.run_until_complete(asyncio.wait(suspect, timeout=CANCEL_GRACE))
+        stuck = {t for t in suspect if not t.done()}
+        if stuck:
+            log.warning(
+                "%d sample task(s) the engine abandoned (a client swallowing "
+                "asyncio.CancelledError) were still running %g s after the synchronous call "
+                "ended; dropped with their event loop, their outcome is lost",
+                len(stuck), CANCEL_GRACE,
+            )
+            loop.run_until_complete(_drop(stuck))
+    rest = [t for t in asyncio.all_tasks(loop) if t not in stuck]
+    for t in rest:
+        t.cancel()
+    if rest and stuck:
+        # A dropped sample's call may run in a task of its own (a framework's wrapper, e.g.
+        # LangChain's RunnableLambda), which swallows the cancellation as the sample did:
+        # with a dropped sample on the loop, the rest get the same bounded wait.
+        loop.run_until_complete(asyncio.wait(rest, timeout=CANCEL_GRACE))
+        late = {t for t in rest if not t.done()}
+        if late:
+            loop.run_until_complete(_drop(late))
+            stuck |= late
+            rest = [t for t in rest if t.done()]
+    elif rest:
+        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+    for t in rest:
+        if not t.cancelled() and t.exception() is not None:
+            loop.call_exception_handler({
+                "message": "unhandled exception during run_sync() shutdown",
+                "exception": t.exception(),
+                "task": t,
+            })
+    if not stuck:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        return
     gens = loop.create_task(loop.shutdown_asyncgens())
     loop.run_until_complete(asyncio.wait({gens}, timeout=CANCEL_GRACE))
-    stuck |= settle(asyncio.all_tasks(loop) - stuck)
-    if stuck:
-        log.warning(
-            "%d task(s) left running when the synchronous call ended ignored their "
-            "cancellation for %g s (a client swallowing asyncio.CancelledError); dropped with "
-            "their event loop, their outcome is lost",
-            len(stuck), CANCEL_GRACE,
-        )
-        loop.run_until_complete(_drop(stuck))
+    if not gens.done():
+        loop.run_until_complete(_drop({gens}))
 
 
 async def _drop(tasks: set[asyncio.Task[Any]]) -> None:
@@ -164,7 +186,8 @@ async def _drop(tasks: set[asyncio.Task[Any]]) -> None:
     Done inside the running loop: a coroutine that catches the ``GeneratorExit`` and awaits
     again suspends (and ``close()`` fails) rather than failing for want of a running loop,
     which such a client might retry forever. No "Task was destroyed but it is pending" at
-    garbage collection: the task is known to be dropped.
+    garbage collection: the task is known to be dropped. A coroutine that stays suspended
+    (it ignored the ``GeneratorExit`` too) is leaked on purpose (:func:`_keep_forever`).
     """
     from beacon.engine.calls import _abandoned
 
@@ -181,7 +204,27 @@ async def _drop(tasks: set[asyncio.Task[Any]]) -> None:
             log.debug("closing dropped task %r failed: %r", t, exc)
         # close() closes the innermost awaited coroutine first; one that ignored the
         # GeneratorExit stays suspended even where the outer ones then ended
-        _unclosable.update(c for c in chain if _suspended(c))
+        for c in chain:
+            if _suspended(c):
+                _keep_forever(c)
+
+
+def _keep_forever(coro: Any) -> None:
+    """Leak ``coro``: never finalized, so never resumed.
+
+    A coroutine that ignores ``GeneratorExit`` (a bare ``except:`` in a retry loop) would be
+    closed again when it is garbage collected, at the latest at interpreter exit, outside any
+    event loop: its ``asyncio.sleep`` then fails at once, its ``except:`` catches that, and a
+    ``while True`` retry loop spins forever (the process never exits). A reference held in a
+    module variable does not prevent that (module variables are cleared at exit); one extra
+    reference count, never released, does. The price: its suspended frame stays in memory.
+    """
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(coro))
+    _kept.append(weakref.ref(coro))
+
+
+# What _keep_forever leaked (weak references: for inspection; they never die).
+_kept: list[weakref.ref[Any]] = []
 
 
 def _await_chain(coro: Any) -> list[Any]:

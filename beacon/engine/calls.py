@@ -209,28 +209,32 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], what: str, why: 
         return 0
     for t in pending:
         t.cancel()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
     try:
         await asyncio.wait(pending, timeout=2 * CANCEL_GRACE)
     finally:
         left = [t for t in pending if not t.done()]
-        for t in left:
-            _abandon(t, what, why, 2 * CANCEL_GRACE)
+        if left:
+            _abandon(left, what, why, loop.time() - t0)
     for t in pending:
         if t.done():
             _retrieve(t)
     return len(left)
 
 
-def _abandon(task: asyncio.Future[Any], what: str, why: str, waited: float) -> None:
-    """Leave ``task`` running, referenced until it ends, with a warning in the log: a client
-    that ignores cancellation may still be spending (tokens, money) on a call nobody waits for."""
+def _abandon(tasks: list[asyncio.Future[Any]], what: str, why: str, waited: float) -> None:
+    """Leave ``tasks`` running, referenced until they end, with one warning in the log: a
+    client that ignores cancellation may still be spending (tokens, money) on calls nobody
+    waits for."""
     log.warning(
-        "%s was cancelled (%s) but did not stop within %g s: it ignores asyncio."
-        "CancelledError; abandoned while still running, its outcome will be dropped",
-        what, why, waited,
+        "%d cancelled task(s) (%s; %s) did not stop within %.2g s: their client ignores "
+        "asyncio.CancelledError; abandoned while still running, their outcome will be dropped",
+        len(tasks), what, why, waited,
     )
-    _abandoned.add(task)
-    task.add_done_callback(_forget)
+    for task in tasks:
+        _abandoned.add(task)
+        task.add_done_callback(_forget)
 
 
 def _forget(task: asyncio.Future[Any]) -> None:

@@ -6,9 +6,11 @@ Model (``generate``): any of
 * an object with an async ``ainvoke(prompt)`` (LangChain runnables and chat models) or
   ``acomplete(prompt)`` (LlamaIndex LLMs), found by duck typing; never imported here.
 
-Its return value may be a ``str``, a :class:`Generation`, or (duck-typed) a LangChain message
-(``.content`` and optional ``.usage_metadata``), a LlamaIndex ``CompletionResponse`` (``.text``)
-or ``ChatResponse`` (``.message.content``). The original object is kept as ``Generation.raw``.
+Its return value may be a ``str``, a :class:`Generation`, or (duck-typed) a LangChain or
+Anthropic SDK message (``.content``, with ``.usage_metadata`` or ``.usage``), an OpenAI SDK
+``ChatCompletion`` / ``Completion`` (its first choice; ``.usage``), a LlamaIndex
+``CompletionResponse`` (``.text``) or ``ChatResponse`` (``.message.content``). The original
+object is kept as ``Generation.raw``.
 
 Scorer (``score``): a callable ``score(prompt, response_text) -> float`` (sync or async), or a
 batched one ``score(prompt, [texts]) -> [floats]``. Batching is declared, never guessed: wrap the
@@ -25,6 +27,7 @@ that is also a ``TypeError``, as the Stopper raises for a wrong ``cfg``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import math
@@ -147,17 +150,27 @@ def is_batched(score: Any) -> bool:
     return getattr(score, "batched", False) is True
 
 
+def _field(obj: Any, name: str) -> Any:
+    """``obj[name]`` of a dict, ``obj.name`` of an SDK object (``None`` when absent): providers
+    give the same response as either, LangChain as dicts and the vendor SDKs as objects."""
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _block_text(block: Any) -> str | None:
+    """A content block's text: a string, a ``{"type": "text", "text": ...}`` dict (LangChain)
+    or a block object with a ``text`` string (the Anthropic SDK's ``TextBlock``); ``None`` for
+    the other kinds (tool use, images, reasoning), which are not the answer's text."""
+    if isinstance(block, str):
+        return block
+    text = _field(block, "text")
+    return text if isinstance(text, str) else None
+
+
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # LangChain content blocks
-        parts = []
-        for block in content:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, dict) and isinstance(block.get("text"), str):
-                parts.append(block["text"])
-        return "".join(parts)
+    if isinstance(content, list):  # content blocks (LangChain, Anthropic SDK)
+        return "".join(t for t in map(_block_text, content) if t is not None)
     raise TypeError(f"model response content must be str or list, got {type(content).__name__}")
 
 
@@ -168,23 +181,64 @@ def _int_or_none(v: Any) -> int | None:
     return int(v)
 
 
+def _call_view(call: Any) -> Any:
+    """One tool call as ``{"name", "args"}``: LangChain's ``{"name", "args"}``, the OpenAI SDK's
+    ``function.name`` / ``function.arguments`` (a JSON string, parsed where it is JSON) or an
+    Anthropic ``tool_use`` block's ``name`` / ``input``; anything else as it is."""
+    function = _field(call, "function")
+    if function is not None:
+        name, args = _field(function, "name"), _field(function, "arguments")
+        if isinstance(args, str):
+            # a model may emit arguments that are not JSON: those are kept as the string
+            with contextlib.suppress(ValueError):
+                args = json.loads(args)
+        return {"name": name, "args": args}
+    if _field(call, "type") == "tool_use":
+        return {"name": _field(call, "name"), "args": _field(call, "input")}
+    if isinstance(call, Mapping):
+        return {"name": call.get("name"), "args": call.get("args")}
+    return call
+
+
 def _message_text(msg: Any) -> str:
-    """A chat message's text; a reply that is only tool calls (empty text, ``tool_calls`` set,
-    as an agent model's often is) is its calls as JSON, ``[{"name", "args"}, ...]``, so the
-    scorer judges the calls rather than an empty string. No content (``None``: an OpenAI SDK
-    message that only calls tools) is no text, as for a LlamaIndex ``ChatResponse``."""
-    text = "" if msg.content is None else _content_text(msg.content)
-    calls = getattr(msg, "tool_calls", None)
-    if text.strip() or not calls or not isinstance(calls, list):
+    """A chat message's text; a reply that is only tool calls (empty text, and ``tool_calls``
+    set or ``tool_use`` content blocks, as an agent model's often is) is its calls as JSON,
+    ``[{"name", "args"}, ...]``, so the scorer judges the calls rather than an empty string.
+    No content (``None``: an OpenAI SDK message that only calls tools) is no text, as for a
+    LlamaIndex ``ChatResponse``."""
+    content = msg.content
+    text = "" if content is None else _content_text(content)
+    if text.strip():
         return text
-    view = [
-        {"name": c.get("name"), "args": c.get("args")} if isinstance(c, dict) else c
-        for c in calls
-    ]
+    calls = getattr(msg, "tool_calls", None)
+    if not calls or not isinstance(calls, list):
+        # the Anthropic SDK's message has no tool_calls: its calls are content blocks
+        calls = [
+            b for b in (content if isinstance(content, list) else ())
+            if _field(b, "type") == "tool_use"
+        ]
+    if not calls:
+        return text
+    view = [_call_view(c) for c in calls]
     try:
         return json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
     except TypeError:  # keys of mixed types cannot be sorted
         return json.dumps(view, ensure_ascii=False, default=str)
+
+
+def _usage_tokens(out: Any) -> tuple[int | None, int | None]:
+    """``(input_tokens, output_tokens)`` a response reports: LangChain's ``usage_metadata``
+    dict, or the vendor SDKs' ``usage`` (Anthropic ``input_tokens`` / ``output_tokens``,
+    OpenAI ``prompt_tokens`` / ``completion_tokens``); ``None`` for a count it lacks."""
+    usage = getattr(out, "usage_metadata", None)
+    if not isinstance(usage, Mapping):
+        usage = getattr(out, "usage", None)
+    if usage is None:
+        return None, None
+    it, ot = _field(usage, "input_tokens"), _field(usage, "output_tokens")
+    if it is None and ot is None:
+        it, ot = _field(usage, "prompt_tokens"), _field(usage, "completion_tokens")
+    return _int_or_none(it), _int_or_none(ot)
 
 
 def coerce_generation(out: Any) -> Generation:
@@ -193,14 +247,8 @@ def coerce_generation(out: Any) -> Generation:
         return out
     if isinstance(out, str):
         return Generation(out)
-    if hasattr(out, "content"):  # LangChain BaseMessage
-        usage = getattr(out, "usage_metadata", None)
-        it = ot = None
-        if isinstance(usage, dict):
-            it, ot = _int_or_none(usage.get("input_tokens")), _int_or_none(
-                usage.get("output_tokens")
-            )
-        return Generation(_message_text(out), it, ot, None, out)
+    if hasattr(out, "content"):  # LangChain BaseMessage, Anthropic SDK Message
+        return Generation(_message_text(out), *_usage_tokens(out), None, out)
     text = getattr(out, "text", None)
     if isinstance(text, str):  # LlamaIndex CompletionResponse
         return Generation(text, raw=out)
@@ -208,6 +256,17 @@ def coerce_generation(out: Any) -> Generation:
     if msg is not None and hasattr(msg, "content"):  # LlamaIndex ChatResponse
         content = msg.content
         return Generation("" if content is None else _content_text(content), raw=out)
+    choices = getattr(out, "choices", None)
+    if isinstance(choices, list | tuple):  # OpenAI SDK ChatCompletion / Completion
+        if not choices:
+            raise TypeError(f"model response {type(out).__name__} has no choices")
+        first = choices[0]
+        msg = getattr(first, "message", None)
+        if msg is not None and hasattr(msg, "content"):
+            return Generation(_message_text(msg), *_usage_tokens(out), None, out)
+        text = getattr(first, "text", None)
+        if isinstance(text, str):
+            return Generation(text, *_usage_tokens(out), None, out)
     raise TypeError(
         "generate must return str, Generation, or a message/response with text content; "
         f"got {type(out).__name__}"
