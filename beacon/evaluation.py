@@ -752,6 +752,16 @@ def cross_fit(
             if named is exc:
                 raise
             raise named from exc
+        except ConfigError as exc:
+            # "need 2 prompts with >= 2 rewards" or "no successes" may hold of the whole log
+            # and fail only on one fold's training prompts: say which ones were fitted
+            if type(exc) is not ConfigError:
+                raise
+            raise ConfigError(
+                exc.field, exc.value,
+                f"{exc.reason} (cross-fitting fold {f} of {int(folds)}: its prior is fitted on "
+                f"the {train.size} prompts outside it; use fewer folds or a larger log)",
+            ) from exc
         fits.append(FoldFit(res.prior, res.transform, float(res.within_scale), train))
     return CrossFit(family, kind, assign, tuple(fits), seed)
 

@@ -79,6 +79,7 @@ from beacon.transforms import (
     LogitTransform,
     RewardTransform,
     _check_transform_fields,
+    as_reward_array,
     check_transformed_range,
     make_transform,
     register_transform,
@@ -116,12 +117,13 @@ def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
     """Validate logged rewards and return them as a float (prompts x samples) array.
 
     Accepts a 2-D array or a list of per-prompt sequences of possibly different lengths (padded
-    with NaN). NaN (or None) marks a missing sample; +-inf is a :class:`RewardError` at
-    ``(row, column)``; a 1-D or 3-D array, non-numbers or an all-missing log is a
-    :class:`ConfigError` naming ``field_name``.
+    with NaN). NaN (or None, or a masked entry of a numpy masked array) marks a missing
+    sample; +-inf is a :class:`RewardError` at ``(row, column)``; a 1-D or 3-D array,
+    non-numbers (complex, strings, dates) or an all-missing log is a :class:`ConfigError`
+    naming ``field_name``.
     """
     if isinstance(rewards, np.ndarray):
-        arr = rewards
+        arr = _real_array(rewards, field_name)
     elif isinstance(rewards, Sequence) and not isinstance(rewards, str | bytes):
         rows = list(rewards)
         if rows and all(
@@ -130,6 +132,8 @@ def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
             width = max((len(r) for r in rows), default=0)
             arr = np.full((len(rows), width), np.nan)
             for i, r in enumerate(rows):
+                if isinstance(r, np.ndarray):  # a masked row's mask, a complex row: as arrays
+                    r = _real_array(r, f"{field_name}[{i}]").tolist()
                 # an int beyond the floats is +-inf (reported below at its position, not an
                 # OverflowError); a string is a mistake, not a number to parse
                 vals = [np.nan if v is None else real_as_float(v) if is_real(v) else v
@@ -163,6 +167,27 @@ def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
     if out.size == 0 or np.isnan(out).all():
         raise ConfigError(field_name, f"array of shape {out.shape}", "holds no reward (all NaN)")
     return out
+
+
+def _real_array(arr: NDArray[Any], field_name: str) -> FloatArray:
+    """A numpy array of real numbers as float64, masked entries as NaN (missing).
+
+    ``np.asarray`` would drop a mask, so the hidden values would be fitted, and would discard
+    the imaginary part of complex rewards with only a warning; as in replay, a masked entry is
+    missing and a complex, string or date array is a ConfigError naming ``field_name``.
+    """
+    if isinstance(arr, np.ma.MaskedArray):
+        if arr.dtype.kind not in "biuf":
+            raise ConfigError(field_name, f"masked array of dtype {arr.dtype}",
+                              "must contain only real numbers (masked = missing)")
+        return np.ma.filled(arr.astype(np.float64), np.nan)
+    if arr.dtype.kind not in "biufO":
+        raise ConfigError(field_name, f"array of dtype {arr.dtype}",
+                          "must contain only real numbers (NaN = missing)")
+    try:
+        return np.asarray(arr, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(field_name, "array", "must contain only numbers (NaN = missing)") from exc
 
 
 def _fences(values: FloatArray) -> tuple[float, float]:
@@ -419,7 +444,11 @@ def _check_binary(x: FloatArray) -> None:
         raise RewardError((i, j), float(x[i, j]), "the bernoulli family needs rewards 0 or 1")
 
 
-def _fit_beta(x: FloatArray, method: str) -> tuple[BetaPrior, float]:
+def _fit_beta(
+    x: FloatArray, method: str, successes: str = "successes", failures: str = "failures"
+) -> tuple[BetaPrior, float]:
+    """Beta(a0, b0) of 0/1 outcomes ``x`` (NaN = missing); ``successes`` / ``failures`` name
+    them in the error (for the judge family: wins r > 1/2 and losses r <= 1/2)."""
     from scipy.optimize import minimize
     from scipy.special import betaln, digamma
 
@@ -431,8 +460,8 @@ def _fit_beta(x: FloatArray, method: str) -> tuple[BetaPrior, float]:
     f = k - s
     if s.sum() == 0 or f.sum() == 0:
         raise ConfigError(
-            "rewards", f"{int(s.sum())} successes in {int(k.sum())} rewards",
-            "need both successes and failures to fit a Beta prior",
+            "rewards", f"{int(s.sum())} {successes} in {int(k.sum())} rewards",
+            f"need both {successes} and {failures} to fit a Beta prior",
         )
     # Moments: p = mean success rate; between-prompt variance of p_hat = p(1-p)(1/k + (1-1/k) rho)
     # with rho = 1 / (a0 + b0 + 1), averaged over prompts.
@@ -510,12 +539,17 @@ def _merge_near_ties(
     # a group reaches up to its tolerance (<= max(1e-12 range, 1e-290)) above its first value,
     # so a range above 1e-290 always leaves >= 2 knots (only degenerate logs take this loop)
     starts = np.zeros(xs.size, dtype=bool)
-    first = xs[0]
+    values = xs.tolist()
+    first = values[0]
     starts[0] = True
-    for i in range(1, xs.size):
-        if xs[i] - first > float(_tie_tolerance(first, xs[i], span)):
+    # _tie_tolerance in plain floats (the same IEEE operations, so the same groups): a numpy
+    # call per value made this loop ~8 s on a log of 1.6M distinct rewards
+    for i in range(1, len(values)):
+        v = values[i]
+        tol = max(_TIE_RESOLUTION * min(span, max(abs(first), abs(v))), _TIE_FLOOR)
+        if v - first > tol:
             starts[i] = True
-            first = xs[i]
+            first = v
     group = np.cumsum(starts) - 1
     return xs[starts], np.bincount(group, weights=counts).astype(np.int64)
 
@@ -572,7 +606,8 @@ class GaussianizeTransform(RewardTransform):
 
     @classmethod
     def fit(cls, rewards: ArrayLike, max_knots: int = 1024) -> GaussianizeTransform:
-        """Fit on the pooled finite values of ``rewards`` (any shape; NaN ignored).
+        """Fit on the pooled finite values of ``rewards`` (any rectangular shape; NaN and the
+        masked entries of a numpy masked array ignored).
 
         ``max_knots`` bounds the JSON size: beyond it, knots are kept at evenly spaced normal
         quantiles (ends always kept), t being linear between them.
@@ -580,10 +615,17 @@ class GaussianizeTransform(RewardTransform):
         if not is_integer(max_knots) or max_knots < 2:
             raise ConfigError("max_knots", max_knots, "must be an integer >= 2")
         max_knots = int(max_knots)
-        try:
-            r = np.asarray(rewards, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError("rewards", rewards, "must be numbers (NaN = missing)") from exc
+        if isinstance(rewards, np.ndarray):
+            r = _real_array(rewards, "rewards").reshape(-1)
+        else:
+            try:
+                r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(
+                    "rewards", rewards,
+                    "must be numbers (NaN = missing) of a rectangular shape; pad per-prompt "
+                    "lists of different lengths with beacon.fitting.reward_matrix(rewards)",
+                ) from exc
         if np.isinf(r).any():
             j = int(np.argwhere(np.isinf(r))[0][0])
             raise RewardError(j, float(r[j]), "rewards must be finite (use NaN for missing)")
@@ -630,7 +672,7 @@ class GaussianizeTransform(RewardTransform):
         return cls(xs.tolist(), qs.tolist(), sl, sr)
 
     def apply(self, rewards: ArrayLike) -> FloatArray:
-        r = np.asarray(rewards, dtype=np.float64)
+        r = as_reward_array(rewards)
         out = np.interp(r, self.x, self.q)
         # np.interp's affine pieces can round an ulp past their end knot's q (a reward just
         # below a knot then maps above the knot's own value); keeping each piece within its
@@ -660,6 +702,15 @@ class GaussianizeTransform(RewardTransform):
         names = ("x", "q", "slope_left", "slope_right")
         _check_transform_fields(data, names)
         missing = [k for k in names if k not in data]
+        if len(missing) == len(names):
+            # the kind name alone (BeaconConfig(transform="gaussianize")): nothing to load, and
+            # "transform.x missing" would name a field the user never wrote
+            raise ConfigError(
+                "transform", data.get("kind"),
+                "is fitted from logged rewards: pass the fitted transform, e.g. "
+                "beacon.fitting.fit_reward_model(rewards, transform='gaussianize').transform "
+                "(or its to_dict()), or use FitResult.config(...)",
+            )
         if missing:
             raise ConfigError(f"transform.{missing[0]}", None, "missing from gaussianize transform")
         return cls(data["x"], data["q"], data["slope_left"], data["slope_right"])
@@ -865,7 +916,8 @@ def fit_reward_model(
     elif family == "judge":
         ok = ~np.isnan(x)
         wins = np.where(ok, (x > WIN_THRESHOLD).astype(np.float64), np.nan)
-        prior, ll = _fit_beta(wins, method)
+        prior, ll = _fit_beta(wins, method, f"wins (r > {WIN_THRESHOLD:g})",
+                              f"losses (r <= {WIN_THRESHOLD:g})")
     else:
         prior, ll = _fit_beta(x, method)
     fitted_on: dict[str, Any] = {

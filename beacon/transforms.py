@@ -51,6 +51,18 @@ def check_transformed_range(raw: NDArray[np.float64], x: NDArray[np.float64], ki
         raise RewardError((i, j), float(raw[i, j]), _too_large(kind, float(x[i, j])))
 
 
+def as_reward_array(rewards: ArrayLike) -> NDArray[np.float64]:
+    """``rewards`` as a float array for :meth:`RewardTransform.apply`: strings, ragged lists
+    and other non-numbers are a :class:`ConfigError` naming ``rewards`` (not numpy's bare
+    ValueError)."""
+    try:
+        return np.asarray(rewards, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            "rewards", rewards, "must be numbers or an array of numbers (NaN = missing)"
+        ) from exc
+
+
 class RewardTransform:
     """Base class: a strictly increasing map of raw rewards to the model's scale."""
 
@@ -95,7 +107,7 @@ class IdentityTransform(RewardTransform):
     kind: ClassVar[str] = "identity"
 
     def apply(self, rewards: ArrayLike) -> NDArray[np.float64]:
-        return np.asarray(rewards, dtype=np.float64)
+        return as_reward_array(rewards)
 
 
 class LogitTransform(RewardTransform):
@@ -113,7 +125,7 @@ class LogitTransform(RewardTransform):
         self.eps = float(eps)
 
     def apply(self, rewards: ArrayLike) -> NDArray[np.float64]:
-        r = np.asarray(rewards, dtype=np.float64)
+        r = as_reward_array(rewards)
         bad = (r < 0.0) | (r > 1.0)
         if np.any(bad):
             if r.ndim == 0:  # one reward: np.argwhere of a 0-d array has no index to give
