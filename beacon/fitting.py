@@ -774,8 +774,16 @@ class FitResult:
 
     def config(self, **kwargs: Any) -> BeaconConfig:
         """``BeaconConfig(family=..., prior=..., transform=..., **kwargs)``."""
+        from dataclasses import fields
+
         from beacon.config import BeaconConfig
 
+        known = [f.name for f in fields(BeaconConfig) if f.init]
+        for key in kwargs:
+            if key not in known:  # was Python's bare "unexpected keyword argument"
+                raise ConfigTypeError(
+                    key, kwargs[key], f"is no BeaconConfig field (fields: {', '.join(known)})"
+                )
         for key in ("family", "prior", "transform"):
             if key in kwargs:  # was a bare "got multiple values for keyword argument"
                 raise ConfigTypeError(

@@ -165,3 +165,16 @@ def test_merging_near_ties_groups_as_the_tolerance_says() -> None:
     assert got.size < xs.size  # the case exercises the merge
     np.testing.assert_array_equal(got, ref)
     assert int(got_counts.sum()) == xs.size
+
+
+def test_fit_config_with_an_unknown_field_is_a_typed_error_naming_it() -> None:
+    from beacon.errors import ConfigTypeError
+    from beacon.fitting import fit_reward_model
+
+    rng = np.random.default_rng(4)
+    fit = fit_reward_model(rng.normal(size=(30, 6)) + rng.normal(size=(30, 1)))
+    # before: Python's TypeError "unexpected keyword argument 'k0'"
+    with pytest.raises(ConfigTypeError) as ei:
+        fit.config(cost=0.1, k0=3)
+    assert ei.value.field == "k0" and ei.value.value == 3 and "cost" in str(ei.value)
+    assert fit.config(cost=0.1, horizon=8).horizon == 8
