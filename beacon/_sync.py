@@ -11,7 +11,7 @@ synchronous call from a coroutine would block it; prefer the async API from asyn
 A KeyboardInterrupt (Ctrl-C in Jupyter) in the blocked caller cancels the coroutine and waits
 for it to wind down before it propagates, so an interrupted query stops calling the model.
 
-In both cases the private loop is shut down as ``asyncio.run`` would (:func:`_shutdown`),
+In both cases the private loop is shut down as ``asyncio.run`` would (:func:`_drop_abandoned`),
 except that a sample the engine abandoned (its client swallows ``asyncio.CancelledError``) is
 waited for at most :data:`beacon.engine.calls.CANCEL_GRACE` s more, then dropped, and the loop
 is closed anyway: ``asyncio.run`` would wait for it as long as its client runs, possibly
@@ -94,7 +94,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _run_private(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a new event loop, closed after (:func:`_shutdown`).
+    """Run ``coro`` on a new event loop, closed after (:func:`_drop_abandoned`).
 
     Not ``asyncio.run``: its shutdown waits for every task left on the loop however long it
     runs, and ``nest_asyncio.apply()`` (common in Jupyter) replaces it by one that runs on the
@@ -109,75 +109,70 @@ def _run_private(coro: Coroutine[Any, Any, T]) -> T:
         return runner.run(coro)
     finally:
         try:
-            _shutdown(loop)
-        finally:
+            dropped = _drop_abandoned(loop)
+        except BaseException:
+            runner.close()
+            raise
+        if dropped:
             asyncio.set_event_loop(None)  # as Runner.close() does: no closed loop left current
             loop.close()
+        else:
+            runner.close()  # asyncio.run's own shutdown
 
 
-def _shutdown(loop: asyncio.AbstractEventLoop) -> None:
-    """Wind down what ``coro`` left on ``loop`` as ``asyncio.run`` does, except for the samples
-    the engine abandoned.
+def _drop_abandoned(loop: asyncio.AbstractEventLoop) -> bool:
+    """Wind down the samples the engine abandoned on ``loop``; ``True`` when some were dropped
+    and the rest of the shutdown is done here too, ``False`` when ``Runner.close()`` (what
+    ``asyncio.run`` does) is left to do it: no well-behaved task's cleanup is cut short.
 
     A task in ``beacon.engine.calls._abandoned`` (its client swallowed a cancellation, see
     :func:`beacon.engine.calls.cancel_and_wait`) is cancelled once more and waited for at most
-    ``CANCEL_GRACE`` s, then dropped (:func:`_drop`) with a warning logged; the other leftover
-    tasks then get the same bounded wait (the dropped sample's call may run in a task of its
-    own), unfinished async generators are closed within ``CANCEL_GRACE`` s and the default
-    executor is not joined (a thread blocked in an abandoned ``asyncio.to_thread`` call
-    finishes on its own). Without such a sample every leftover task is cancelled and waited
-    for, its exception reported, the async generators closed and the default executor joined,
-    all without a bound, as ``asyncio.run`` does: a well-behaved task's cleanup is not cut
-    short.
+    ``CANCEL_GRACE`` s, then dropped (:func:`_drop`) with a warning logged. After such a drop
+    the other leftover tasks get the same bounded wait (the dropped sample's call may run in a
+    task of its own), unfinished async generators are closed within ``CANCEL_GRACE`` s and
+    the default executor is not joined (a thread blocked in an abandoned
+    ``asyncio.to_thread`` call finishes on its own).
     """
     from beacon.engine.calls import CANCEL_GRACE, _abandoned  # beacon.engine imports this
 
-    leftover = asyncio.all_tasks(loop)
-    suspect = {t for t in leftover if t in _abandoned}
-    stuck: set[asyncio.Task[Any]] = set()
-    if suspect:
-        for t in suspect:
-            t.cancel()
-        loop.run_until_complete(asyncio.wait(suspect, timeout=CANCEL_GRACE))
-        stuck = {t for t in suspect if not t.done()}
-        if stuck:
-            log.warning(
-                "%d sample task(s) the engine abandoned (a client swallowing "
-                "asyncio.CancelledError) were still running %g s after the synchronous call "
-                "ended; dropped with their event loop, their outcome is lost",
-                len(stuck), CANCEL_GRACE,
-            )
-            loop.run_until_complete(_drop(stuck))
+    suspect = {t for t in asyncio.all_tasks(loop) if t in _abandoned}
+    if not suspect:
+        return False
+    for t in suspect:
+        t.cancel()
+    loop.run_until_complete(asyncio.wait(suspect, timeout=CANCEL_GRACE))
+    stuck = {t for t in suspect if not t.done()}
+    if not stuck:
+        return False
+    log.warning(
+        "%d sample task(s) the engine abandoned (a client swallowing asyncio.CancelledError) "
+        "were still running %g s after the synchronous call ended; dropped with their event "
+        "loop, their outcome is lost",
+        len(stuck), CANCEL_GRACE,
+    )
+    loop.run_until_complete(_drop(stuck))
     rest = [t for t in asyncio.all_tasks(loop) if t not in stuck]
     for t in rest:
         t.cancel()
-    if rest and stuck:
+    if rest:
         # A dropped sample's call may run in a task of its own (a framework's wrapper, e.g.
-        # LangChain's RunnableLambda), which swallows the cancellation as the sample did:
-        # with a dropped sample on the loop, the rest get the same bounded wait.
+        # LangChain's RunnableLambda), which swallows the cancellation as the sample did.
         loop.run_until_complete(asyncio.wait(rest, timeout=CANCEL_GRACE))
         late = {t for t in rest if not t.done()}
         if late:
             loop.run_until_complete(_drop(late))
-            stuck |= late
-            rest = [t for t in rest if t.done()]
-    elif rest:
-        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
-    for t in rest:
-        if not t.cancelled() and t.exception() is not None:
-            loop.call_exception_handler({
-                "message": "unhandled exception during run_sync() shutdown",
-                "exception": t.exception(),
-                "task": t,
-            })
-    if not stuck:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.run_until_complete(loop.shutdown_default_executor())
-        return
+        for t in rest:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                loop.call_exception_handler({
+                    "message": "unhandled exception during run_sync() shutdown",
+                    "exception": t.exception(),
+                    "task": t,
+                })
     gens = loop.create_task(loop.shutdown_asyncgens())
     loop.run_until_complete(asyncio.wait({gens}, timeout=CANCEL_GRACE))
     if not gens.done():
         loop.run_until_complete(_drop({gens}))
+    return True
 
 
 async def _drop(tasks: set[asyncio.Task[Any]]) -> None:
@@ -189,13 +184,13 @@ async def _drop(tasks: set[asyncio.Task[Any]]) -> None:
     garbage collection: the task is known to be dropped. A coroutine that stays suspended
     (it ignored the ``GeneratorExit`` too) is leaked on purpose (:func:`_keep_forever`).
     """
-    from beacon.engine.calls import _abandoned
+    from beacon.engine.calls import _abandoned, _retrieve
 
     for t in tasks:
         _abandoned.discard(t)  # the engine's reference to a task it abandoned: it never ends now
         t._log_destroy_pending = False  # type: ignore[attr-defined]
         # a step already scheduled would resume the closed coroutine and fail: seen, no log
-        t.add_done_callback(_seen)
+        t.add_done_callback(_retrieve)
         coro = t.get_coro()
         chain = _await_chain(coro)
         try:
@@ -238,11 +233,6 @@ def _await_chain(coro: Any) -> list[Any]:
 
 def _suspended(coro: Any) -> bool:
     return (getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)) is not None
-
-
-def _seen(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def callable_name(fn: Any) -> str:

@@ -26,6 +26,7 @@ transient) simulate a real endpoint.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -189,17 +190,15 @@ class DemoScorer(_Base):
         return mu + sigma * _normal(self.seed, "e", text, response)
 
     def bind(self, record: Mapping[str, Any]) -> Callable[[Any, str], Awaitable[float]]:
-        failed: dict[tuple[Any, ...], int] = {}
-
-        async def score(prompt: Any, response: str) -> float:
-            await self._io(_text_of(prompt), "score", response, failed=failed)
-            return self.reward(prompt, response)
-
-        return score
+        return functools.partial(self._score, failed={})
 
     async def __call__(self, prompt: Any, response: str) -> float:
         """Unbound use: retries are counted per (prompt text, response) for this object."""
-        await self._io(_text_of(prompt), "score", response, failed=self._failed)
+        return await self._score(prompt, response, failed=self._failed)
+
+    async def _score(self, prompt: Any, response: str, *,
+                     failed: dict[tuple[Any, ...], int]) -> float:
+        await self._io(_text_of(prompt), "score", response, failed=failed)
         return self.reward(prompt, response)
 
 

@@ -1278,7 +1278,7 @@ def cap_horizon(
             f"least k0 + 1 = {k0 + 1}",
         )
     if crossfit is not None and avail < cfg.k0 + 1:
-        fit = max(crossfit.fits, key=lambda f: f.prior.k0)
+        fit = max(crossfit.fits, key=lambda f: rewards_before_first_decision(f.prior))
         return cfg.replace(horizon=avail, prior=fit.prior, transform=fit.transform), cfg.horizon
     return cfg.replace(horizon=avail), cfg.horizon
 

@@ -185,7 +185,7 @@ class BetaPrior:
     @property
     def decision_k0(self) -> int:
         """Rewards before the first decision: :attr:`k0`."""
-        return 0
+        return self.k0
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": "bernoulli", **asdict(self)}
@@ -197,7 +197,8 @@ Prior = NIGPrior | BetaPrior
 def rewards_before_first_decision(prior: Any) -> int:
     """``BeaconConfig.k0`` for ``prior``: its ``decision_k0`` (a plugin family's prior may
     define ``k0`` alone), never fewer than 1."""
-    return max(1, int(getattr(prior, "decision_k0", prior.k0)))
+    d = getattr(prior, "decision_k0", None)
+    return max(1, int(prior.k0 if d is None else d))
 
 
 _PRIOR_CLASSES: dict[str, type[NIGPrior] | type[BetaPrior]] = {

@@ -75,7 +75,7 @@ class RewardTransform:
     def apply_scalar(self, reward: float, position: int | None = None) -> float:
         """Transform one raw reward; raises :class:`RewardError` if it is outside the domain."""
         try:
-            out = float(self.apply(np.asarray([reward], dtype=np.float64))[0])
+            out = self._scalar(reward)
         except RewardError as exc:
             if position is None:
                 raise
@@ -87,6 +87,11 @@ class RewardTransform:
             # The model would reject t(r) and name it as if the user had sent it; name r instead.
             raise RewardError(position, reward, _too_large(self.kind, out))
         return out
+
+    def _scalar(self, reward: float) -> float:
+        """:meth:`apply` of one reward, as a float: a subclass may compute it without the
+        array machinery (the Stopper calls this once per reward), bit for bit the same."""
+        return float(self.apply(np.asarray([reward], dtype=np.float64))[0])
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind}

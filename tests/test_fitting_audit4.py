@@ -178,3 +178,18 @@ def test_fit_config_with_an_unknown_field_is_a_typed_error_naming_it() -> None:
         fit.config(cost=0.1, k0=3)
     assert ei.value.field == "k0" and ei.value.value == 3 and "cost" in str(ei.value)
     assert fit.config(cost=0.1, horizon=8).horizon == 8
+
+
+def test_gaussianize_apply_scalar_is_bit_for_bit_apply() -> None:
+    from beacon.fitting import GaussianizeTransform
+
+    rng = np.random.default_rng(9)
+    t = GaussianizeTransform.fit(np.round(rng.gamma(2.0, 2.0, size=(60, 8)), 1))
+    knots = t.x
+    probes = np.concatenate([
+        knots, np.nextafter(knots, -np.inf), np.nextafter(knots, np.inf),
+        rng.uniform(knots[0] - 5, knots[-1] + 5, size=2000), [-1e6, 1e6, -0.0],
+    ])
+    whole = t.apply(probes)
+    one = np.array([t.apply_scalar(float(v)) for v in probes])
+    assert np.array_equal(whole.view(np.uint64), one.view(np.uint64))

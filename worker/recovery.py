@@ -93,6 +93,8 @@ class KeyDigests:
         if not isinstance(key, str):
             return False
         arr = self._frozen()
+        if not arr.size:  # a first submission: no queued key to look for, nothing to hash
+            return False
         d = np.uint64(_key_digest(key))
         i = int(np.searchsorted(arr, d))
         return i < len(arr) and arr[i] == d

@@ -60,7 +60,7 @@ from beacon.evaluation import (
     load_logged,
     name_reward_error,
 )
-from beacon.priors import Prior, prior_from_dict
+from beacon.priors import Prior, prior_from_dict, rewards_before_first_decision
 from beacon.transforms import RewardTransform, make_transform, transform_from_dict
 
 __all__ = [
@@ -804,7 +804,7 @@ def log_setup(
         # The fitted priors (k0 <= 1), not the family default the config keeps, are replayed:
         # a log too short for the default (Jeffreys needs 4 samples) runs with the fitted prior
         # that needs the most samples as the config's own (unused) prior.
-        fit = max(cf.fits, key=lambda f: f.prior.k0)
+        fit = max(cf.fits, key=lambda f: rewards_before_first_decision(f.prior))
         return BeaconConfig(horizon=h, **{**fields, "prior": fit.prior, "transform": fit.transform})
 
     if horizon is None:

@@ -872,8 +872,6 @@ def submit_command(
     from beacon.jobs.spec import iter_prompt_file
 
     try:
-        import redis
-
         from worker.tasks import BrokerUnavailableError, submit_job
     except ModuleNotFoundError as exc:
         _missing_extra(exc)
@@ -882,25 +880,23 @@ def submit_command(
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     store = _store()
-    try:
-        res = submit_job(
-            iter_prompt_file(prompts),
-            spec,
-            job_id=job_id,
-            input_digest=h.hexdigest(),
-            source=str(prompts.resolve()),
-            retry_failed=retry_failed,
-            store=store,
-        )
-    except BrokerUnavailableError as exc:
-        fail(str(exc))
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        fail(f"cannot reach the job state store at {_store_label(store)}: "
-             f"{str(exc).rstrip('.')}")
-    except Exception as exc:
-        if type(exc).__module__.startswith(("kombu", "amqp")):
-            fail(f"cannot reach the broker: {exc}")
-        raise
+    with _state_store_errors(store):
+        try:
+            res = submit_job(
+                iter_prompt_file(prompts),
+                spec,
+                job_id=job_id,
+                input_digest=h.hexdigest(),
+                source=str(prompts.resolve()),
+                retry_failed=retry_failed,
+                store=store,
+            )
+        except BrokerUnavailableError as exc:
+            fail(str(exc))
+        except Exception as exc:
+            if type(exc).__module__.startswith(("kombu", "amqp")):
+                fail(f"cannot reach the broker: {exc}")
+            raise
     if as_json and not wait:
         typer.echo(json.dumps(res.to_dict(), indent=2))
     elif not as_json:

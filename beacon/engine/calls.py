@@ -42,9 +42,10 @@ class CallGuard:
     """The shared limits one kind of call (model or scorer) runs under.
 
     ``semaphore`` None means no concurrency limit. ``timeout`` is None for a synchronous
-    scorer run inline: it never yields to the loop, so no timeout can apply to it (its slot,
-    uncontended, is taken without yielding; an awaitable it returns is awaited under that
-    slot). ``acquire``, when set, is awaited before every attempt takes its slot (a rate
+    scorer run inline: it never yields to the loop, so no timeout can apply to it (nor does
+    it take a slot: ``semaphore`` is None; an awaitable it returns is awaited within the
+    timeout under the sampler's late score slot, see ``make_score``). ``acquire``, when set,
+    is awaited before every attempt takes its slot (a rate
     limiter's token: the wait for it holds no slot and does not count toward the timeout).
     """
 

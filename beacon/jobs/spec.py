@@ -477,12 +477,10 @@ def iter_prompt_file(path: str | Path) -> Iterator[PromptRecord | LineError]:
 
 
 # -- the job ---------------------------------------------------------------------------------
-_SAMPLING_KEYS = ("timeout", "max_attempts", "base_delay", "max_delay", "max_retry_after",
-                  "max_tokens", "max_cost", "max_seconds", "price_per_input_token",
-                  "price_per_output_token")
 _RETRY_KEYS = ("max_attempts", "base_delay", "max_delay", "max_retry_after")
 _BUDGET_KEYS = ("max_tokens", "max_cost", "max_seconds", "price_per_input_token",
                 "price_per_output_token")
+_SAMPLING_KEYS = ("timeout", *_RETRY_KEYS, *_BUDGET_KEYS)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,12 @@ BEACON Algorithm".
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from beacon.engine.protocol import is_batched, make_score, reward_rule
+from beacon.engine.protocol import _maybe_await, is_batched, make_score, reward_rule
 from beacon.errors import ConfigError, RewardError
 from beacon_integrations import import_extra
 
@@ -190,14 +189,9 @@ class CorrectnessAdjusted:
     async def _correct(self, prompt: Any, text: str) -> bool | None:
         check = getattr(self.verifier, "check", None)
         if callable(check):
-            out = check(prompt, text)
-            if inspect.isawaitable(out):
-                out = await out
+            out = await _maybe_await(check(prompt, text))
             return None if out is None else bool(out)
-        out = self.verifier(prompt, text)
-        if inspect.isawaitable(out):
-            out = await out
-        return bool(out)
+        return bool(await _maybe_await(self.verifier(prompt, text)))
 
     async def _adjusted(self, prompt: Any, r: Any, text: str) -> float:
         if isinstance(r, Exception):  # the scorer's own error for this response
