@@ -58,7 +58,9 @@ def cache_dir() -> Path:
 def table_filename(n: int, alpha0: float, nu0: float, *, precise: bool = False) -> str:
     """File name of a table: format version, horizon, the prior (exact float repr), recipe."""
     tag = "-precise" if precise else ""
-    return f"htable-v{FORMAT_VERSION}-n{n}-alpha0_{float(alpha0)!r}-nu0_{float(nu0)!r}{tag}.npz"
+    # + 0.0 turns -0.0 into 0.0: the same prior (it compares equal) must name the same file
+    a, nu = float(alpha0) + 0.0, float(nu0) + 0.0
+    return f"htable-v{FORMAT_VERSION}-n{n}-alpha0_{a!r}-nu0_{nu!r}{tag}.npz"
 
 
 def shipped_path(n: int, alpha0: float, nu0: float) -> Path:
@@ -90,10 +92,14 @@ def table_sources(
 
 
 def _try_load(path: Path, n: int, alpha0: float, nu0: float, recipe: Recipe) -> HTable | None:
-    """The table in ``path`` if it is readable, for ``(n, alpha0, nu0)`` and built by ``recipe``."""
-    if not path.is_file():
-        return None
+    """The table in ``path`` if it is readable, for ``(n, alpha0, nu0)`` and built by ``recipe``.
+
+    A cache directory that cannot be searched (no permission, a name too long) is no table
+    here, as an unwritable one is: the table is then built, and only writing it warns.
+    """
     try:
+        if not path.is_file():  # raises for EACCES or ENAMETOOLONG, not for a missing file
+            return None
         t = HTable.from_npz(path)
     except (OSError, ValueError, KeyError):
         return None
@@ -144,6 +150,10 @@ def find_table(
     written to the disk cache; an unwritable cache only warns.
     """
     n, alpha0, nu0 = validate_table_args(n, alpha0, nu0)
+    # nu0 = -0.0 (a prior read from JSON, a product with a negative zero) is the prior nu0 = 0:
+    # without this it missed the shipped file, and which table a process used for both (the
+    # memo's key treats them as one) depended on which was asked for first
+    alpha0, nu0 = alpha0 + 0.0, nu0 + 0.0
     key = (n, alpha0, nu0)
     found = _MEMO.get(key)
     if found is not None and _serves(found, precise):

@@ -14,6 +14,7 @@ refined in docs/h_index.md:
 from __future__ import annotations
 
 import math
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -254,6 +255,12 @@ class HTable:
             raise
         except (
             zipfile.BadZipFile,  # truncated: numpy saw the zip magic but no archive
+            # a damaged zip header: a member read as encrypted, or of an unknown compression
+            # method or zip version (NotImplementedError, a RuntimeError)
+            RuntimeError,
+            # a damaged .npy header: numpy tokenizes it, then reads it as a Python literal
+            tokenize.TokenError,
+            SyntaxError,
             EOFError,
             zlib.error,
             KeyError,
