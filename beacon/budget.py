@@ -43,11 +43,17 @@ class Budget:
     """Hard per-query caps; ``None`` means uncapped.
 
     Attributes:
-        max_tokens: input + output tokens reported by the model, summed over the query's calls.
+        max_tokens: input + output tokens reported by the model, summed over the query's calls
+            (input tokens read from or written to a prompt cache included: they are processed).
         max_cost: money (currency of the prices) spent on the query.
         max_seconds: wall-clock seconds from the query's start (queueing included).
         price_per_input_token / price_per_output_token: money per token, used to price a
             generation that reports tokens but no cost of its own.
+        price_per_cache_read_token / price_per_cache_write_token: money per input token read
+            from / written to the provider's prompt cache (Anthropic bills them at about 0.1x
+            and 1.25x the input price); ``None``: priced as input tokens. Used where a
+            response reports its cache tokens (``Generation.cache_read_tokens`` /
+            ``cache_write_tokens``, which are part of its ``input_tokens``).
 
     The token and money caps are checked whenever a sample finishes: the sample that crosses a
     cap is kept (it was paid for), the others in flight are cancelled. The time cap is a
@@ -66,6 +72,8 @@ class Budget:
     max_seconds: float | None = None
     price_per_input_token: float = 0.0
     price_per_output_token: float = 0.0
+    price_per_cache_read_token: float | None = None
+    price_per_cache_write_token: float | None = None
 
     def __post_init__(self) -> None:
         mt = self.max_tokens
@@ -75,18 +83,36 @@ class Budget:
         object.__setattr__(self, "max_tokens", None if mt is None else int(mt))
         for name, positive in (("max_cost", True), ("max_seconds", True),
                                ("price_per_input_token", False),
-                               ("price_per_output_token", False)):
+                               ("price_per_output_token", False),
+                               ("price_per_cache_read_token", False),
+                               ("price_per_cache_write_token", False)):
             object.__setattr__(
                 self, name, _check_nonneg(name, getattr(self, name), positive=positive)
             )
 
-    def price(self, input_tokens: int | None, output_tokens: int | None) -> float | None:
-        """Money for a call reporting these tokens; ``None`` when no price or no tokens."""
-        if not (self.price_per_input_token or self.price_per_output_token):
+    def price(
+        self, input_tokens: int | None, output_tokens: int | None,
+        cache_read_tokens: int | None = None, cache_write_tokens: int | None = None,
+    ) -> float | None:
+        """Money for a call reporting these tokens; ``None`` when no price or no tokens.
+
+        ``cache_read_tokens`` / ``cache_write_tokens`` are part of ``input_tokens``: each is
+        priced at its own price where one is set, and otherwise as an input token.
+        """
+        pr, pw = self.price_per_cache_read_token, self.price_per_cache_write_token
+        if not (self.price_per_input_token or self.price_per_output_token or pr or pw):
             return None
         if input_tokens is None and output_tokens is None:
             return None
-        return (input_tokens or 0) * self.price_per_input_token + (
+        uncached = input_tokens or 0
+        money = 0.0
+        if pr is not None and cache_read_tokens:
+            money += cache_read_tokens * pr
+            uncached -= cache_read_tokens
+        if pw is not None and cache_write_tokens:
+            money += cache_write_tokens * pw
+            uncached -= cache_write_tokens
+        return money + uncached * self.price_per_input_token + (
             output_tokens or 0
         ) * self.price_per_output_token
 
@@ -109,7 +135,10 @@ class Budget:
         a lower bound: e.g. a budget pricing input tokens alone, over a model that reports only
         output tokens, would price every call at 0.
         """
-        if self.price_per_input_token and input_tokens is None:
+        if input_tokens is None and (
+            self.price_per_input_token or self.price_per_cache_read_token
+            or self.price_per_cache_write_token
+        ):
             return "input"
         if self.price_per_output_token and output_tokens is None:
             return "output"
@@ -137,13 +166,19 @@ class Budget:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The fields as a JSON-ready dict; the cache prices only where set (a budget without
+        them has the same dict as before they existed)."""
+        out: dict[str, Any] = {
             "max_tokens": self.max_tokens,
             "max_cost": self.max_cost,
             "max_seconds": self.max_seconds,
             "price_per_input_token": self.price_per_input_token,
             "price_per_output_token": self.price_per_output_token,
         }
+        for name in ("price_per_cache_read_token", "price_per_cache_write_token"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Budget:

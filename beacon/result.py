@@ -87,7 +87,8 @@ class Usage:
         failed_calls: calls (model or scorer) that raised or timed out.
         retries: calls that were retries of an earlier failed call.
         cancelled: samples cancelled in flight because the query stopped (query level only).
-        input_tokens: prompt tokens reported by the model; ``None`` when the model never reported.
+        input_tokens: prompt tokens reported by the model, those read from or written to a
+            prompt cache included; ``None`` when the model never reported.
         output_tokens: completion tokens reported by the model; ``None`` likewise.
         cost: money reported by the model or priced by the :class:`~beacon.budget.Budget`
             (same currency as the prices); ``None`` when unknown.

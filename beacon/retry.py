@@ -143,10 +143,21 @@ def retry_after_of(exc: BaseException) -> float | None:
     return parse_retry_after(_header(headers, "retry-after"))
 
 
-def _is_aiohttp_client_error(exc: BaseException) -> bool:
-    # Duck typing keeps aiohttp out of the core's imports.
+# Transient network failures of HTTP clients and model SDKs whose errors are not OSErrors:
+# (top-level package, class name in the error's MRO). Duck-typed: none of them is imported.
+_TRANSIENT_CLIENT_ERRORS = frozenset({
+    ("aiohttp", "ClientError"),  # connection resets, server disconnects
+    ("httpx", "TimeoutException"),  # connect / read / write / pool timeouts
+    ("httpx", "NetworkError"),  # connect / read / write errors
+    ("httpx", "RemoteProtocolError"),  # the server dropped the connection mid-answer
+    ("openai", "APIConnectionError"),  # and its APITimeoutError
+    ("anthropic", "APIConnectionError"),  # and its APITimeoutError
+})
+
+
+def _is_transient_client_error(exc: BaseException) -> bool:
     return any(
-        t.__module__.startswith("aiohttp") and t.__name__ == "ClientError"
+        (t.__module__.partition(".")[0], t.__name__) in _TRANSIENT_CLIENT_ERRORS
         for t in type(exc).__mro__
     )
 
@@ -157,8 +168,11 @@ def is_retryable(exc: BaseException) -> bool:
     In order: an explicit boolean ``exc.retryable`` attribute wins; an HTTP status (``status``,
     ``status_code`` or ``response.status_code``) is retryable iff 408, 425, 429 or 5xx;
     timeouts (``TimeoutError``, which ``asyncio.TimeoutError`` is), ``ConnectionError`` and
-    other ``OSError`` are retryable; so are aiohttp client errors (connection resets, server
-    disconnects). Everything else (``ValueError``, ``TypeError``, ...) is not.
+    other ``OSError`` are retryable; so are the network failures of HTTP clients and model
+    SDKs that are none of those: aiohttp client errors (connection resets, server
+    disconnects), httpx timeouts, network errors and ``RemoteProtocolError``, and the OpenAI
+    and Anthropic SDKs' ``APIConnectionError`` (``APITimeoutError`` included). Everything
+    else (``ValueError``, ``TypeError``, ...) is not.
     """
     flag = getattr(exc, "retryable", None)
     if isinstance(flag, bool):
@@ -168,7 +182,7 @@ def is_retryable(exc: BaseException) -> bool:
         return status in RETRYABLE_STATUS or status >= 500
     if isinstance(exc, TimeoutError | ConnectionError | OSError):
         return True
-    return _is_aiohttp_client_error(exc)
+    return _is_transient_client_error(exc)
 
 
 @dataclass(frozen=True)

@@ -288,9 +288,17 @@ def adopt_running_loop(limiter: Any) -> None:
     loop waits for it) a wait for capacity fails with "attached to a different loop". When no
     task of the old loop waits for it, the limiter is handed over here, keeping its level (its
     clock is the monotonic one of every loop), so the rate holds across calls. A limiter in use
-    by two loops at once (two threads) is left alone: aiolimiter does not support that. Other
-    limiters (asyncio-throttle's ``Throttler``, LangChain's) are not bound to a loop.
+    by two loops at once (two threads) is left alone: aiolimiter does not support that.
+
+    asyncio's own ``Semaphore`` (a cap on model and scorer calls together) and ``Lock`` bind to
+    the loop they first wait on in the same way, and on a later ``run()`` failed every call
+    that had to wait ("bound to a different event loop"): they are handed over by the same
+    rule (:func:`_adopt_asyncio_lock`). Other limiters (asyncio-throttle's ``Throttler``,
+    LangChain's) are not bound to a loop.
     """
+    if isinstance(limiter, asyncio.Semaphore | asyncio.Lock):
+        _adopt_asyncio_lock(limiter)
+        return
     if not any(c.__module__.partition(".")[0] == "aiolimiter" for c in type(limiter).__mro__):
         return
     try:
@@ -310,3 +318,20 @@ def adopt_running_loop(limiter: Any) -> None:
         handle.cancel()  # the old loop's timer: nothing to wake there any more
     limiter._waiters = []
     limiter._event_loop = loop
+
+
+def _adopt_asyncio_lock(lock: asyncio.Semaphore | asyncio.Lock) -> None:
+    """Unbind an asyncio ``Semaphore`` / ``Lock`` from a loop other than the running one when
+    no task of that loop waits for it (or that loop is closed): it binds again to the loop of
+    its next wait. Its count (permits, locked state) is kept."""
+    bound = getattr(lock, "_loop", None)
+    if bound is None or bound is asyncio.get_running_loop():
+        return
+    waiters = getattr(lock, "_waiters", None) or ()
+    if any(not w.done() for w in waiters) and not bound.is_closed():
+        return  # another loop's tasks wait for it right now
+    if waiters and bound.is_closed():
+        # futures of dropped tasks: pending forever, they would make it look locked (on an
+        # open loop, waiters already woken remove themselves when their tasks resume)
+        lock._waiters = None
+    lock._loop = None  # type: ignore[union-attr]

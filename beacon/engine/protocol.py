@@ -8,7 +8,8 @@ Model (``generate``): any of
 
 Its return value may be a ``str``, a :class:`Generation`, or (duck-typed) a LangChain or
 Anthropic SDK message (``.content``, with ``.usage_metadata`` or ``.usage``), an OpenAI SDK
-``ChatCompletion`` / ``Completion`` (its first choice; ``.usage``), a LlamaIndex
+``ChatCompletion`` / ``Completion`` (its first choice; ``.usage``) or Responses API ``Response``
+(``.output_text``; ``.usage``), a LlamaIndex
 ``CompletionResponse`` (``.text``) or ``ChatResponse`` (``.message.content``). The original
 object is kept as ``Generation.raw``.
 
@@ -70,10 +71,17 @@ class Generation:
     Attributes:
         text: the response text passed to the scorer and kept on the candidate.
         input_tokens / output_tokens: tokens billed for this call, if the model reports them.
+            ``input_tokens`` is every prompt token the model processed, those read from or
+            written to a prompt cache included (Anthropic's usage counts them apart; see
+            :func:`coerce_generation`).
         cost: money for this call, if known (currency of your choice, consistent with any
             :class:`~beacon.budget.Budget`).
         raw: the model's own response object (e.g. an ``AIMessage``); kept in memory, never
             serialized.
+        cache_read_tokens / cache_write_tokens: how many of ``input_tokens`` were read from /
+            written to the provider's prompt cache, if reported. They are billed at their own
+            rates, which a :class:`~beacon.budget.Budget` may set
+            (``price_per_cache_read_token`` / ``price_per_cache_write_token``).
     """
 
     text: str
@@ -81,6 +89,8 @@ class Generation:
     output_tokens: int | None = None
     cost: float | None = None
     raw: Any = field(default=None, repr=False, compare=False)
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Checked here because a budget trusts these numbers: a NaN cost would never reach a
@@ -88,17 +98,33 @@ class Generation:
         # fails that sample (reported on the candidate) and the query goes on.
         if not isinstance(self.text, str):
             raise TypeError(f"Generation.text must be a str, got {type(self.text).__name__}")
-        for name in ("input_tokens", "output_tokens"):
-            v = getattr(self, name)
-            if v is not None:
-                if not is_integer(v) or v < 0:
-                    raise ConfigError(f"Generation.{name}", v, "must be an integer >= 0 or None")
-                setattr(self, name, int(v))
+        self._check_counts("input_tokens", "output_tokens")
+        if self.cache_read_tokens is not None or self.cache_write_tokens is not None:
+            self._check_cache()  # apart: no cost per sample where none is reported
         c = self.cost
         if c is not None:
             if not is_real(c) or not 0 <= c < math.inf:
                 raise ConfigError("Generation.cost", c, "must be a finite number >= 0 or None")
             self.cost = float(c)
+
+    def _check_counts(self, *names: str) -> None:
+        """Each token count of ``names`` is None or an integer >= 0 (stored as ``int``)."""
+        for name in names:
+            v = getattr(self, name)
+            if v is not None:
+                if not is_integer(v) or v < 0:
+                    raise ConfigError(f"Generation.{name}", v, "must be an integer >= 0 or None")
+                setattr(self, name, int(v))
+
+    def _check_cache(self) -> None:
+        self._check_counts("cache_read_tokens", "cache_write_tokens")
+        cached = (self.cache_read_tokens or 0) + (self.cache_write_tokens or 0)
+        if cached and (self.input_tokens is None or cached > self.input_tokens):
+            # a part of input_tokens: a cache count beyond it would be priced twice
+            raise ConfigError(
+                "Generation.input_tokens", self.input_tokens,
+                f"must include the {cached} cache read/write tokens reported",
+            )
 
 
 class BatchScorer:
@@ -176,6 +202,8 @@ def _content_text(content: Any) -> str:
 
 def _int_or_none(v: Any) -> int | None:
     """A reported token count, or None where the provider's usage field is not one."""
+    if v is None:  # the common absent field: no number checks
+        return None
     if not is_real(v) or not 0 <= v < math.inf:
         return None
     return int(v)
@@ -183,7 +211,8 @@ def _int_or_none(v: Any) -> int | None:
 
 def _call_view(call: Any) -> Any:
     """One tool call as ``{"name", "args"}``: LangChain's ``{"name", "args"}``, the OpenAI SDK's
-    ``function.name`` / ``function.arguments`` (a JSON string, parsed where it is JSON) or an
+    ``function.name`` / ``function.arguments`` (a JSON string, parsed where it is JSON; a
+    Responses API ``function_call`` item's ``name`` / ``arguments`` likewise) or an
     Anthropic ``tool_use`` block's ``name`` / ``input``; anything else as it is."""
     function = _field(call, "function")
     if function is not None:
@@ -193,8 +222,11 @@ def _call_view(call: Any) -> Any:
             with contextlib.suppress(ValueError):
                 args = json.loads(args)
         return {"name": name, "args": args}
-    if _field(call, "type") == "tool_use":
+    kind = _field(call, "type")
+    if kind == "tool_use":
         return {"name": _field(call, "name"), "args": _field(call, "input")}
+    if kind == "function_call":  # an OpenAI Responses API output item
+        return _call_view({"function": call})
     if isinstance(call, Mapping):
         return {"name": call.get("name"), "args": call.get("args")}
     return call
@@ -205,11 +237,15 @@ def _message_text(msg: Any) -> str:
     set or ``tool_use`` content blocks, as an agent model's often is) is its calls as JSON,
     ``[{"name", "args"}, ...]``, so the scorer judges the calls rather than an empty string.
     No content (``None``: an OpenAI SDK message that only calls tools) is no text, as for a
-    LlamaIndex ``ChatResponse``."""
+    LlamaIndex ``ChatResponse``. An OpenAI SDK message the model refused (no content, its
+    ``refusal`` set) is its refusal, the answer it gave."""
     content = msg.content
     text = "" if content is None else _content_text(content)
     if text.strip():
         return text
+    refusal = getattr(msg, "refusal", None)
+    if isinstance(refusal, str) and refusal.strip():
+        return refusal
     calls = getattr(msg, "tool_calls", None)
     if not calls or not isinstance(calls, list):
         # the Anthropic SDK's message has no tool_calls: its calls are content blocks
@@ -217,8 +253,10 @@ def _message_text(msg: Any) -> str:
             b for b in (content if isinstance(content, list) else ())
             if _field(b, "type") == "tool_use"
         ]
-    if not calls:
-        return text
+    return _calls_json(calls) if calls else text
+
+
+def _calls_json(calls: list[Any]) -> str:
     view = [_call_view(c) for c in calls]
     try:
         return json.dumps(view, sort_keys=True, ensure_ascii=False, default=str)
@@ -226,19 +264,80 @@ def _message_text(msg: Any) -> str:
         return json.dumps(view, ensure_ascii=False, default=str)
 
 
-def _usage_tokens(out: Any) -> tuple[int | None, int | None]:
-    """``(input_tokens, output_tokens)`` a response reports: LangChain's ``usage_metadata``
-    dict, or the vendor SDKs' ``usage`` (Anthropic ``input_tokens`` / ``output_tokens``,
-    OpenAI ``prompt_tokens`` / ``completion_tokens``); ``None`` for a count it lacks."""
+def _response_text(text: str, out: Any) -> str:
+    """An OpenAI Responses API ``Response``'s text; one that only calls functions is its
+    ``function_call`` output items as JSON, as :func:`_message_text` does for a message."""
+    if text.strip():
+        return text
+    items = getattr(out, "output", None)
+    calls = [i for i in (items if isinstance(items, list) else ())
+             if _field(i, "type") == "function_call"]
+    return _calls_json(calls) if calls else text
+
+
+_Tokens: TypeAlias = tuple[int | None, int | None, int | None, int | None]
+
+
+def _usage_tokens(out: Any) -> _Tokens:
+    """``(input, output, cache_read, cache_write)`` tokens a response reports (``None``: not
+    reported), ``input`` counting every prompt token processed, cached ones included.
+
+    * LangChain's ``usage_metadata``: ``input_tokens`` already includes the cache, whose part
+      is in ``input_token_details`` (``cache_read`` / ``cache_creation``).
+    * The Anthropic SDK's ``usage``: ``input_tokens`` are only the uncached ones; the tokens
+      read from and written to the cache (``cache_read_input_tokens`` /
+      ``cache_creation_input_tokens``) are added to them (the model processed them, and they
+      are billed).
+    * The OpenAI SDK's ``usage``: ``prompt_tokens`` (``input_tokens`` for the Responses API)
+      includes the cached ones (``prompt_tokens_details`` / ``input_tokens_details``
+      ``.cached_tokens``, reads).
+    """
     usage = getattr(out, "usage_metadata", None)
-    if not isinstance(usage, Mapping):
+    langchain = isinstance(usage, Mapping)
+    if not langchain:
         usage = getattr(out, "usage", None)
     if usage is None:
-        return None, None
-    it, ot = _field(usage, "input_tokens"), _field(usage, "output_tokens")
-    if it is None and ot is None:
-        it, ot = _field(usage, "prompt_tokens"), _field(usage, "completion_tokens")
-    return _int_or_none(it), _int_or_none(ot)
+        return None, None, None, None
+    get = _getter(usage)
+    it, ot = get("input_tokens"), get("output_tokens")
+    if it is None and ot is None:  # OpenAI Chat Completions
+        read = _getter(get("prompt_tokens_details"))("cached_tokens")
+        return (_int_or_none(get("prompt_tokens")), _int_or_none(get("completion_tokens")),
+                _int_or_none(read), None)
+    it, ot = _int_or_none(it), _int_or_none(ot)
+    if langchain:
+        details = _getter(usage.get("input_token_details"))
+        return it, ot, _int_or_none(details("cache_read")), _int_or_none(
+            details("cache_creation")
+        )
+    read = _int_or_none(get("cache_read_input_tokens"))
+    write = _int_or_none(get("cache_creation_input_tokens"))
+    if read is not None or write is not None:  # Anthropic: not in its input_tokens
+        return (it or 0) + (read or 0) + (write or 0), ot, read, write
+    # OpenAI's Responses API: input_tokens includes its cached ones
+    return it, ot, _int_or_none(_getter(get("input_tokens_details"))("cached_tokens")), None
+
+
+def _getter(obj: Any) -> Callable[[str], Any]:
+    """``name -> value`` of ``obj``'s field (:func:`_field`, with the dict-or-object test done
+    once for several fields); ``None`` for every name of ``None``."""
+    if isinstance(obj, Mapping):
+        return obj.get
+    if obj is None:
+        return _none
+    return lambda name: getattr(obj, name, None)
+
+
+def _none(name: str) -> None:
+    return None
+
+
+def _generation(text: str, out: Any) -> Generation:
+    """A :class:`Generation` of ``text`` with the usage ``out`` reports (kept as ``raw``)."""
+    it, ot, read, write = _usage_tokens(out)
+    if it is None or (read or 0) + (write or 0) > it:
+        read = write = None  # inconsistent details: the total stands, unsplit
+    return Generation(text, it, ot, None, out, read, write)
 
 
 def coerce_generation(out: Any) -> Generation:
@@ -248,10 +347,13 @@ def coerce_generation(out: Any) -> Generation:
     if isinstance(out, str):
         return Generation(out)
     if hasattr(out, "content"):  # LangChain BaseMessage, Anthropic SDK Message
-        return Generation(_message_text(out), *_usage_tokens(out), None, out)
+        return _generation(_message_text(out), out)
     text = getattr(out, "text", None)
     if isinstance(text, str):  # LlamaIndex CompletionResponse
         return Generation(text, raw=out)
+    text = getattr(out, "output_text", None)
+    if isinstance(text, str):  # OpenAI SDK Responses API Response
+        return _generation(_response_text(text, out), out)
     msg = getattr(out, "message", None)
     if msg is not None and hasattr(msg, "content"):  # LlamaIndex ChatResponse
         content = msg.content
@@ -263,10 +365,10 @@ def coerce_generation(out: Any) -> Generation:
         first = choices[0]
         msg = getattr(first, "message", None)
         if msg is not None and hasattr(msg, "content"):
-            return Generation(_message_text(msg), *_usage_tokens(out), None, out)
+            return _generation(_message_text(msg), out)
         text = getattr(first, "text", None)
         if isinstance(text, str):
-            return Generation(text, *_usage_tokens(out), None, out)
+            return _generation(text, out)
     raise TypeError(
         "generate must return str, Generation, or a message/response with text content; "
         f"got {type(out).__name__}"

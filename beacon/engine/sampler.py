@@ -213,6 +213,7 @@ class BeaconSampler:
         self.budget = budget
         self.observers: tuple[Observer, ...] = _observers("observers", observers)
         self._rng = random.Random(None if seed is None else int(seed))
+        self._prepared = False  # the family's decision data loaded (:meth:`_prepare`)
         self._budget_warned: set[str] = set()  # caps warned about (BudgetNotEnforcedWarning)
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EngineContext] = (
             weakref.WeakKeyDictionary()
@@ -455,6 +456,7 @@ class BeaconSampler:
                 budget=self.budget,
                 cfg_dict=self._cfg.to_dict(),
                 budget_warned=self._budget_warned,
+                prepare=self._prepare,
                 # an inline sync scorer's returned awaitable (``lambda p, t: judge(p, t)``)
                 # is awaited under these slots, so max_score_concurrency bounds it too
                 late_score_slot=(
@@ -463,6 +465,21 @@ class BeaconSampler:
             )
             self._per_loop[loop] = ctx
         return ctx
+
+    async def _prepare(self) -> None:
+        """Load what the config's decisions need (the family's ``prepare``: for ``normal`` the
+        h-table, built on first use, and its kernels) in a worker thread, once per sampler.
+
+        Else the first query's first decision did it on the event loop: ~0.3-1 s reading a
+        shipped table and loading the kernels, seconds building another horizon's table, and
+        tens of seconds compiling the kernels on a fresh machine, with every query in flight
+        stalled and their timeouts running. Queries that start meanwhile each wait in a thread
+        of their own for the same build (``prepare`` is idempotent and thread-safe)."""
+        if not self._prepared:
+            from beacon.families import get_family
+
+            await asyncio.to_thread(get_family(self._cfg.family).prepare, self._cfg)
+            self._prepared = True
 
     async def _arun(
         self,

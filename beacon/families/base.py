@@ -112,6 +112,17 @@ class RewardFamily(ABC):
     def check_config(self, cfg: BeaconConfig) -> None:  # noqa: B027 - optional hook
         """Family-specific validation of the whole config (optional)."""
 
+    def prepare(self, cfg: BeaconConfig) -> None:  # noqa: B027 - optional hook
+        """Load what decisions under ``cfg`` need, so that no decision waits for it (optional).
+
+        May block (for ``normal``: reading or building the h-table of ``cfg``, seconds for a
+        large horizon, and on a fresh machine compiling its kernels); must be idempotent and
+        safe to call from several threads at once. The engine runs it in a worker thread before
+        a sampler's first query decides, so that an event loop never stalls on it; a
+        :class:`~beacon.stopper.Stopper` used on its own loads the same lazily, at its first
+        decision. Default: nothing to load.
+        """
+
     @abstractmethod
     def initial_state(self, cfg: BeaconConfig) -> Any: ...
 

@@ -37,6 +37,7 @@ tests/test_stopper_fastpath.py) without a numba dispatch per decision.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -230,7 +231,7 @@ class _Kernel:
     ``decide`` then becomes the decider itself, so later binds of the config call it directly.
     """
 
-    __slots__ = ("_decider", "_table_key", "cost", "decide", "update")
+    __slots__ = ("_decider", "_lock", "_table_key", "cost", "decide", "update")
 
     def __init__(
         self, robust: bool, q: float, horizon: int, alpha0: float, nu0: float, cost: float
@@ -239,16 +240,28 @@ class _Kernel:
         self.cost = cost
         self._table_key = (horizon, alpha0, nu0)
         self._decider: Callable[[NormalState], DecisionTuple] | None = None
+        self._lock = threading.Lock()
         self.decide: Callable[[NormalState], DecisionTuple] = self._first_decide
+
+    def prepare(self) -> Callable[[NormalState], DecisionTuple]:
+        """The decider, built once (the h-table read or built): the engine calls this in a
+        worker thread (:meth:`NormalFamily.prepare`) while another thread may be deciding, so
+        the build is under a lock (taken only until the decider exists, never per decision)."""
+        decider = self._decider
+        if decider is None:
+            with self._lock:
+                decider = self._decider
+                if decider is None:
+                    from beacon.index import get_table
+
+                    decider = uip_decider(get_table(*self._table_key), self.cost)
+                    self._decider = decider
+                    self.decide = decider
+        return decider
 
     def _first_decide(self, s: NormalState) -> DecisionTuple:
         """Build the decider once, then delegate (for binds made before the first decision)."""
-        if self._decider is None:
-            from beacon.index import get_table
-
-            self._decider = uip_decider(get_table(*self._table_key), self.cost)
-            self.decide = self._decider
-        return self._decider(s)
+        return self.prepare()(s)
 
 
 @lru_cache(maxsize=1024)
@@ -288,6 +301,10 @@ class NormalFamily(RewardFamily):
         except ConfigError as exc:
             field = {"n": "horizon"}.get(exc.field, f"prior.{exc.field}")
             raise ConfigError(field, exc.value, exc.reason) from exc
+
+    def prepare(self, cfg: BeaconConfig) -> None:
+        """Read (or build) the h-table of ``cfg`` and the lookup kernel (see the base class)."""
+        _kernel_for(cfg).prepare()
 
     def initial_state(self, cfg: BeaconConfig) -> NormalState:
         p = cfg.resolved_prior
