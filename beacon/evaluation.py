@@ -62,11 +62,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from beacon._checks import is_real, real_as_float
+from beacon._checks import is_integer, is_real, real_as_float
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError, RewardError
 from beacon.priors import Prior, rewards_before_first_decision
-from beacon.transforms import RewardTransform
+from beacon.transforms import RewardTransform, table_values
 
 if TYPE_CHECKING:
     from beacon.fitting import FitResult
@@ -190,7 +190,7 @@ class LoggedRewards:
     records: IntArray | None = None
 
     def __post_init__(self) -> None:
-        r = np.asarray(self.rewards, dtype=np.float64)
+        r = _float_array(self.rewards, "rewards")
         if r.ndim != 2:
             raise ConfigError("rewards", f"shape {r.shape}", "must be 2-D (prompts x samples)")
         if len(self.ids) != r.shape[0]:
@@ -198,7 +198,7 @@ class LoggedRewards:
         if r.shape[0] == 0:
             raise ConfigError("rewards", "0 prompts", "the log holds no prompt")
         if self.correct is not None:
-            c = np.asarray(self.correct, dtype=np.float64)
+            c = _float_array(self.correct, "correct")
             if c.shape != r.shape:
                 raise ConfigError("correct", f"shape {c.shape}", f"must match rewards {r.shape}")
             object.__setattr__(self, "correct", c)
@@ -406,6 +406,26 @@ class LoggedRewards:
         return standardize(self.rewards) if self.zscores is None else self.zscores
 
 
+def _float_array(value: Any, field: str) -> FloatArray:
+    """``value`` as a float array; a pandas table's missing values (``pd.NA``) are NaN.
+
+    Was numpy's bare TypeError (a nullable ``Float64`` frame holding ``pd.NA``) or ValueError
+    (lists of different lengths); now a ConfigError naming ``field``. The plain conversion is
+    tried first, so an array that converts costs nothing more.
+    """
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        table = table_values(value)
+        if table is not None:
+            return table
+        raise ConfigError(
+            field, f"{type(value).__name__} object",
+            "must be numbers (NaN = missing) in a rectangular prompts x samples array; build "
+            "ragged per-prompt lists with logged_from_records or beacon.fitting.reward_matrix",
+        ) from exc
+
+
 def _pad(rows: Sequence[Any], fill: float = np.nan, dtype: Any = np.float64) -> Any:
     """Rows of unequal length as one array, padded with ``fill`` (NaN for rewards and labels,
     -1 for sample positions)."""
@@ -421,6 +441,10 @@ def _parse_number_list(
 ) -> list[float]:
     if isinstance(obj, tuple) or (isinstance(obj, np.ndarray) and obj.ndim == 1):
         obj = list(obj)  # records built in Python (logged_from_records), not parsed from JSON
+    elif not isinstance(obj, list | np.ndarray):
+        table = table_values(obj)  # a pandas Series (a DataFrame row): pd.NA / NaN = null
+        if table is not None and table.ndim == 1:
+            obj = [None if math.isnan(v) else v for v in table.tolist()]
     if not isinstance(obj, list):
         kind = "true/false/null" if labels else "numbers or null"
         raise LogFormatError(path, line, name, obj, f"must be a JSON list of {kind}")
@@ -452,8 +476,10 @@ def _record_row(rec: Any, path: str | None, line: int | None, default_id: str) -
             path, line, "rewards", None, "missing; each line needs a 'rewards' list"
         )
     rid = rec.get("id", default_id)
-    if isinstance(rid, bool) or not isinstance(rid, str | int):
+    if not (isinstance(rid, str) or is_integer(rid)):  # numpy integers too (a pandas column)
         raise LogFormatError(path, line, "id", rid, "must be a string or an integer")
+    if not isinstance(rid, str):
+        rid = int(rid)
     rewards = _parse_number_list(rec["rewards"], "rewards", path, line, labels=False)
     labels_obj = rec.get("correct")
     labels: list[float] | None = None
@@ -785,7 +811,7 @@ def standardize(rewards: FloatArray) -> FloatArray:
     ``|r|``, up to float rounding) get ``zhat = 0``, whatever the scale of the rewards: z-scores
     do not change when every reward is multiplied by a constant. NaN stays NaN.
     """
-    r = np.asarray(rewards, dtype=np.float64)
+    r = _float_array(rewards, "rewards")
     if r.ndim != 2:
         raise ConfigError("rewards", f"shape {r.shape}", "must be 2-D (prompts x samples)")
     with np.errstate(invalid="ignore"):
@@ -800,31 +826,32 @@ def standardize(rewards: FloatArray) -> FloatArray:
     return np.where(flat & ~np.isnan(r), 0.0, z)
 
 
-def _mean(x: FloatArray) -> float:
-    """``np.mean(x)``, without overflowing to inf when the finite values' sum does.
+def _unit_scaled(stat: Callable[[FloatArray], Any], x: FloatArray) -> float:
+    """``stat(x)``, retaken in units of the largest ``|x|`` where it overflowed.
 
-    Rewards near the float limit (1e308) sum past it; their mean is then taken in units of the
-    largest ``|x|`` and scaled back, a mean that cannot overflow (``|mean| <= max |x|``). Only
-    then: any other mean is ``np.mean``'s own, bit for bit.
+    ``stat`` is a mean, a standard deviation or an interpolation: a statistic that scales with
+    ``x`` (``stat(x / s) * s == stat(x)`` in exact arithmetic). Finite values near the float
+    limit (1e308) overflow its intermediate sums, squares or slopes to inf (or inf - inf =
+    NaN); in units of ``s = max |x|`` they cannot, and the result is scaled back (to inf only
+    where the true value itself lies beyond the limit, as a spread of +-1e308 values may).
+    Only then: any other result is ``stat(x)``'s own, bit for bit. NaN in ``x`` is kept.
     """
-    with np.errstate(over="ignore"):
-        m = float(np.mean(x))
-    if math.isinf(m) and bool(np.isfinite(x).all()):
-        s = float(np.max(np.abs(x)))
-        m = float(np.mean(x / s)) * s
-    return m
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = float(stat(x))
+        if not math.isfinite(v) and x.size and bool(np.isfinite(x).all()):
+            s = float(np.max(np.abs(x)))
+            v = float(stat(x / s)) * s
+    return v
+
+
+def _mean(x: FloatArray) -> float:
+    """``np.mean(x)``, overflow-safe (:func:`_unit_scaled`)."""
+    return _unit_scaled(np.mean, x)
 
 
 def _std(x: FloatArray, ddof: int) -> float:
-    """``np.std(x, ddof=ddof)``, scaled as :func:`_mean` where its squares overflow (finite
-    ``|x|`` beyond about 1e154); otherwise ``np.std``'s own value."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        sd = float(np.std(x, ddof=ddof))
-    if not math.isfinite(sd) and bool(np.isfinite(x).all()):
-        s = float(np.max(np.abs(x)))
-        with np.errstate(over="ignore"):  # the mean's spread itself may exceed the limit
-            sd = float(np.std(x / s, ddof=ddof)) * s
-    return sd
+    """``np.std(x, ddof=ddof)``, overflow-safe (:func:`_unit_scaled`)."""
+    return _unit_scaled(lambda v: np.std(v, ddof=ddof), x)
 
 
 def fixed_best_of_n(rewards: FloatArray, n: int) -> tuple[IntArray, FloatArray]:
@@ -1049,14 +1076,9 @@ def interpolate_fixed(
         raise ConfigError("fixed", 0, "no best-of-N metrics to interpolate")
     xs = np.array([float(m.avg_samples) for m in fixed])
     ys = np.array([quality_of(m, quality) for m in fixed])
-    with np.errstate(over="ignore", invalid="ignore"):
-        y = float(np.interp(avg_samples, xs, ys))
-    if not math.isfinite(y) and bool(np.isfinite(ys).all()):
-        # Slopes between mean rewards of opposite signs near 1e308 overflow; a convex
-        # combination of finite values does not, in units of the largest one.
-        s = float(np.max(np.abs(ys)))
-        y = float(np.interp(avg_samples, xs, ys / s)) * s
-    return y
+    # Slopes between mean rewards of opposite signs near 1e308 overflow; a convex combination
+    # of finite values does not, in units of the largest one.
+    return _unit_scaled(lambda v: np.interp(avg_samples, xs, v), ys)
 
 
 def quality_of(m: PolicyMetrics, quality: QualityKind) -> float:

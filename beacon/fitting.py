@@ -39,6 +39,17 @@ normal, and homogeneous logs push alpha0 to this bound), nu0 in [1e-3, 1e3]. alp
 are rounded to 4 significant digits: they select the h-table, and nothing statistical is lost
 at that precision.
 
+Small logs (:func:`_caps`): a prior is capped at the information in the log it was fitted on,
+``nu0 <= N`` (N rewards used), ``alpha0 <= (N - P) / 2`` (P prompts: the log's within-prompt
+degrees of freedom, halved as a Gamma shape) and ``a0 + b0 <= N`` (keeping the fitted mean
+``a0 / (a0 + b0)``). On a few prompts the maximum-likelihood between-prompt variation is often
+zero (sampling noise, not evidence), which without the cap puts nu0, alpha0 or a0 + b0 at the
+bounds above: a prior worth 1000 rewards from a log of 4. A cap that binds is recorded in
+``fitted_on["capped"]`` (``{name: cap}``) and ``fitted_on["note"]`` names the counts (``beacon
+fit-prior`` prints it). The caps only bind where the fit would exceed them (a fit they do not
+bind is the same, bit for bit, as without them), and from about 1000 rewards on (200
+within-prompt degrees of freedom for alpha0) they are the fixed bounds.
+
 Bernoulli and judge families: Beta(a0, b0) by beta-binomial marginal likelihood (for ``judge``
 on the win indicators 1{r > 1/2}),
 ``log m_p = log B(a0 + s_p, b0 + f_p) - log B(a0, b0)`` (s_p successes, f_p failures), bounded to
@@ -84,6 +95,7 @@ from beacon.transforms import (
     check_transformed_range,
     make_transform,
     register_transform,
+    table_values,
     transform_from_dict,
 )
 
@@ -117,12 +129,14 @@ FAMILIES = ("normal", "bernoulli", "judge")
 def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
     """Validate logged rewards and return them as a float (prompts x samples) array.
 
-    Accepts a 2-D array or a list of per-prompt sequences of possibly different lengths (padded
-    with NaN). NaN (or None, or a masked entry of a numpy masked array) marks a missing
-    sample; +-inf is a :class:`RewardError` at ``(row, column)``; a 1-D or 3-D array,
-    non-numbers (complex, strings, dates) or an all-missing log is a :class:`ConfigError`
-    naming ``field_name``.
+    Accepts a 2-D array, a pandas DataFrame (nullable dtypes too), or a list (or a pandas
+    Series) of per-prompt sequences of possibly different lengths (padded with NaN). NaN (or
+    None, ``pd.NA``, or a masked entry of a numpy masked array) marks a missing sample; +-inf
+    is a :class:`RewardError` at ``(row, column)``; a 1-D or 3-D array, non-numbers (complex,
+    strings, dates) or an all-missing log is a :class:`ConfigError` naming ``field_name``.
     """
+    if not isinstance(rewards, np.ndarray | Sequence) and hasattr(rewards, "__array__"):
+        rewards = _table_rows(rewards, field_name)
     if isinstance(rewards, np.ndarray):
         arr = _real_array(rewards, field_name)
     elif isinstance(rewards, Sequence) and not isinstance(rewards, str | bytes):
@@ -150,7 +164,8 @@ def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
         else:
             arr = np.asarray(rows, dtype=object)
     else:
-        raise ConfigError(field_name, rewards, "must be a 2-D array (prompts x samples)")
+        raise ConfigError(field_name, f"{type(rewards).__name__} object",
+                          "must be a 2-D array (prompts x samples)")
     if arr.ndim != 2:
         raise ConfigError(
             field_name,
@@ -168,6 +183,26 @@ def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
     if out.size == 0 or np.isnan(out).all():
         raise ConfigError(field_name, f"array of shape {out.shape}", "holds no reward (all NaN)")
     return out
+
+
+def _table_rows(table: Any, field_name: str) -> NDArray[Any] | list[Any]:
+    """A pandas DataFrame (or another array-like that is no numpy array) as a numpy array, its
+    missing values (``pd.NA``) as NaN; a Series of per-prompt lists as the list of its rows.
+
+    Was: neither is a ``Sequence`` nor an ndarray, so a DataFrame, the first thing a notebook
+    user passes, was refused with the repr of every reward in the message.
+    """
+    values = table_values(table)
+    if values is not None:
+        return values
+    try:
+        arr = np.asarray(table)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(field_name, f"{type(table).__name__} object",
+                          "must be a 2-D array (prompts x samples)") from exc
+    if arr.dtype == object and arr.ndim == 1:  # a column of per-prompt lists or arrays
+        return list(arr)
+    return arr
 
 
 def _real_array(arr: NDArray[Any], field_name: str) -> FloatArray:
@@ -252,12 +287,13 @@ class _Stats:
         return cls(k, mean, ss)
 
 
-def _check_normal_scale(x: FloatArray) -> None:
+def _check_normal_scale(x: FloatArray) -> float:
     """Rewards whose NIG prior is representable: ``beta0`` is in squared reward units.
 
     Beyond ``|r| = 1e140`` squared deviations and ``beta0`` overflow; within-prompt spreads
     below ``1e-140`` (but not zero) underflow to "no variation". Both are a ConfigError asking
-    for a rescale rather than a NaN or a misleading message.
+    for a rescale rather than a NaN or a misleading message. Returns the widest within-prompt
+    spread ``max - min`` (exact: 0 only where every prompt's rewards are identical).
     """
     ok = ~np.isnan(x)
     # per prompt; a prompt without rewards has hi = -inf, lo = inf and drops out of both maxima
@@ -278,6 +314,22 @@ def _check_normal_scale(x: FloatArray) -> None:
             f"{1.0 / MAX_ABS_REWARD:g}): multiply the rewards (and the cost) by a constant "
             "first",
         )
+    return widest
+
+
+def _check_varies(widest: float, stats: _Stats) -> None:
+    """Some prompt's rewards differ (``widest`` from :func:`_check_normal_scale`).
+
+    Not ``sum(ss) > 0``: the mean of identical rewards is rounded (three rewards of 0.1 have
+    mean 0.10000000000000002), so a log of constant prompts had a within sum of squares of
+    ~1e-33 and got a prior of beta0 ~ 1e-22, a within-prompt scale of ~1e-11 from float noise.
+    """
+    if widest == 0.0:
+        raise ConfigError(
+            "rewards", "no within-prompt variation",
+            f"every prompt's rewards are identical (all {int(np.sum(stats.k >= 2))} prompts "
+            "with >= 2 rewards); a normal prior cannot be fitted",
+        )
 
 
 def _check_enough(stats: _Stats, field_name: str) -> None:
@@ -288,6 +340,26 @@ def _check_enough(stats: _Stats, field_name: str) -> None:
             f"{n2} prompt(s) with >= 2 rewards",
             "need at least 2 prompts with >= 2 non-missing rewards to fit a prior",
         )
+
+
+def _caps(k: FloatArray) -> dict[str, float]:
+    """Upper limits on the prior's pseudo-counts from the log's own counts (module docstring).
+
+    A prior worth more rewards than the log holds would, on a new prompt, outweigh that many
+    of its rewards with information the log never had. ``nu0`` (pseudo-rewards of a prompt's
+    mean) and ``a0 + b0`` (pseudo-trials of its success rate) are at most the N rewards used,
+    as if the whole log were one prompt; ``alpha0`` (half the pseudo degrees of freedom of its
+    scale) at most half the log's within-prompt degrees of freedom ``N - P``. Never below the
+    fixed lower bounds; :func:`_check_enough` guarantees ``N >= 4`` and ``N - P >= 2``.
+    ``k``: the rewards of each prompt that has any.
+    """
+    n = float(k.sum())
+    dof = float(np.sum(k - 1.0))
+    return {
+        "nu0": min(NU0_BOUNDS[1], n),
+        "alpha0": min(ALPHA0_BOUNDS[1], max(ALPHA0_BOUNDS[0], 0.5 * dof)),
+        "a0 + b0": min(2.0 * BETA_AB_BOUNDS[1], n),
+    }
 
 
 def _sig4(v: float) -> float:
@@ -368,13 +440,44 @@ def _nig_moments(st: _Stats) -> tuple[float, float, float, float]:
     return mu0, nu0, alpha0, beta0
 
 
-def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str]:
-    """Fit NIG hyper-parameters: the prior, the mean log evidence per reward, the method used.
+def _max_evidence(
+    z: _Stats, first: FloatArray, bounds: tuple[tuple[float, float], tuple[float, float]]
+) -> FloatArray:
+    """theta = (mu0, log nu0, log alpha0, log beta0) maximising the NIG evidence of ``z`` by
+    L-BFGS-B from ``first`` and two fixed starts; ``bounds``: (nu0, alpha0) ranges."""
+    from scipy.optimize import minimize
+
+    lb = [(None, None), *(tuple(math.log(v) for v in b) for b in bounds),
+          tuple(math.log(v) for v in _BETA0_Z_BOUNDS)]
+
+    def nll(th: FloatArray) -> tuple[float, FloatArray]:
+        ll, g = _nig_terms(th, z, grad=True)
+        assert g is not None
+        return -float(ll.sum()), -g.sum(axis=0)
+
+    starts = [
+        first,
+        np.array([0.0, 0.0, math.log(2.0), 0.0]),
+        np.array([0.0, math.log(0.1), math.log(1.0), math.log(0.5)]),
+    ]
+    best: Any = None
+    for th0 in starts:
+        th0 = np.array([np.clip(v, lo if lo is not None else -np.inf,
+                                hi if hi is not None else np.inf)
+                        for v, (lo, hi) in zip(th0, lb, strict=True)])
+        res = minimize(nll, th0, jac=True, method="L-BFGS-B", bounds=lb)
+        if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+            best = res
+    assert best is not None
+    return np.asarray(best.x, dtype=np.float64)
+
+
+def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str, dict[str, float]]:
+    """Fit NIG hyper-parameters: the prior, the mean log evidence per reward, the method used
+    and the small-log caps (:func:`_caps`) the fit ended at, by name.
 
     ``marginal`` falls back to ``moments`` where the marginal likelihood has no maximum (below).
     """
-    from scipy.optimize import minimize
-
     if float(np.sum(st.ss)) <= 0.0:
         raise ConfigError(
             "rewards", "no within-prompt variation",
@@ -384,43 +487,32 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str]:
     centre = float(np.median(st.mean))
     scale = math.sqrt(float(np.sum(st.ss)) / float(np.sum(np.maximum(st.k - 1.0, 0.0))))
     z = _Stats(st.k, (st.mean - centre) / scale, st.ss / scale**2)
+    caps = _caps(st.k)
+    nu_hi, a_hi = caps["nu0"], caps["alpha0"]
     mu_m, nu_m, a_m, b_m = _nig_moments(z)
     nu_m = min(max(nu_m, NU0_BOUNDS[0]), NU0_BOUNDS[1])
     a_m = min(max(a_m, ALPHA0_BOUNDS[0]), ALPHA0_BOUNDS[1])
     b_m = max(b_m, 1e-8)
+    # Moments within the small-log caps. A capped alpha0 keeps beta0 / alpha0, the typical
+    # within-prompt scale: only how sure the prior is of it is capped.
+    a_c = min(a_m, a_hi)
+    moments = np.array([mu_m, math.log(min(nu_m, nu_hi)), math.log(a_c),
+                        math.log(b_m * (a_c / a_m))])
     if method == "moments":
-        theta = np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)])
+        theta = moments
     else:
-        lb = [(None, None), tuple(math.log(v) for v in NU0_BOUNDS),
-              tuple(math.log(v) for v in ALPHA0_BOUNDS),
-              tuple(math.log(v) for v in _BETA0_Z_BOUNDS)]
-
-        def nll(th: FloatArray) -> tuple[float, FloatArray]:
-            ll, g = _nig_terms(th, z, grad=True)
-            assert g is not None
-            return -float(ll.sum()), -g.sum(axis=0)
-
-        starts = [
-            np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)]),
-            np.array([0.0, 0.0, math.log(2.0), 0.0]),
-            np.array([0.0, math.log(0.1), math.log(1.0), math.log(0.5)]),
-        ]
-        best: Any = None
-        for th0 in starts:
-            th0 = np.array([np.clip(v, lo if lo is not None else -np.inf,
-                                    hi if hi is not None else np.inf)
-                            for v, (lo, hi) in zip(th0, lb, strict=True)])
-            res = minimize(nll, th0, jac=True, method="L-BFGS-B", bounds=lb)
-            if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
-                best = res
-        assert best is not None
-        theta = np.asarray(best.x, dtype=np.float64)
+        theta = _max_evidence(z, np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)]),
+                              (NU0_BOUNDS, ALPHA0_BOUNDS))
+        if math.exp(theta[1]) > nu_hi or math.exp(theta[2]) > a_hi:
+            # Refitted within the caps only where they bind, so that a fit they do not bind
+            # is the same, bit for bit, as without them.
+            theta = _max_evidence(z, moments, ((NU0_BOUNDS[0], nu_hi), (ALPHA0_BOUNDS[0], a_hi)))
         if theta[3] < math.log(_BETA0_Z_BOUNDS[0]) + 1e-3:
             # A prompt whose rewards are all identical (or equal up to float noise) has an
             # unbounded evidence at mu0 = its mean as beta0 -> 0; when the other prompts
             # cannot outweigh them the maximum is that spike at beta0's bound, a
             # prior that says rewards do not vary. The moment estimates have no such spike.
-            theta = np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)])
+            theta = moments
             method = "moments"
     nu0 = _sig4(math.exp(theta[1]))
     alpha0 = _sig4(math.exp(theta[2]))
@@ -432,7 +524,16 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str]:
                      beta0=beta0_z * scale**2)
     ll = _nig_terms(np.array([prior.mu0, math.log(nu0), math.log(alpha0),
                               math.log(prior.beta0)]), st, grad=False)[0]
-    return prior, float(ll.sum() / st.k.sum()), method
+    capped = _at_caps({"nu0": (nu0, nu_hi, NU0_BOUNDS[1]),
+                       "alpha0": (alpha0, a_hi, ALPHA0_BOUNDS[1])})
+    return prior, float(ll.sum() / st.k.sum()), method, capped
+
+
+def _at_caps(fitted: dict[str, tuple[float, float, float]]) -> dict[str, float]:
+    """``{name: cap}`` of the parameters ``(value, cap, bound)`` that ended at a small-log cap
+    below their fixed bound (within the 4-digit rounding of the fitted values)."""
+    return {name: cap for name, (value, cap, bound) in fitted.items()
+            if cap < bound and value >= cap * (1.0 - 1e-3)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -447,9 +548,10 @@ def _check_binary(x: FloatArray) -> None:
 
 def _fit_beta(
     x: FloatArray, method: str, successes: str = "successes", failures: str = "failures"
-) -> tuple[BetaPrior, float]:
+) -> tuple[BetaPrior, float, dict[str, float]]:
     """Beta(a0, b0) of 0/1 outcomes ``x`` (NaN = missing); ``successes`` / ``failures`` name
-    them in the error (for the judge family: wins r > 1/2 and losses r <= 1/2)."""
+    them in the error (for the judge family: wins r > 1/2 and losses r <= 1/2). Also returns
+    ``{"a0 + b0": cap}`` when the small-log cap (:func:`_caps`) bound the fit, else ``{}``."""
     from scipy.optimize import minimize
     from scipy.special import betaln, digamma
 
@@ -499,9 +601,18 @@ def _fit_beta(
                 best = res
         assert best is not None
         la, lb = float(best.x[0]), float(best.x[1])
-    prior = BetaPrior(_sig4(math.exp(la)), _sig4(math.exp(lb)))
+    tot_hi = _caps(k)["a0 + b0"]
+    a0, b0 = math.exp(la), math.exp(lb)
+    capped: dict[str, float] = {}
+    if a0 + b0 > tot_hi:
+        # The fitted mean a0 / (a0 + b0) is kept; only its strength is cut to the log's size.
+        shrink = tot_hi / (a0 + b0)
+        a0 = max(a0 * shrink, BETA_AB_BOUNDS[0])
+        b0 = max(b0 * shrink, BETA_AB_BOUNDS[0])
+        capped["a0 + b0"] = tot_hi
+    prior = BetaPrior(_sig4(a0), _sig4(b0))
     ll = ll_of(math.log(prior.a0), math.log(prior.b0))
-    return prior, float(ll.sum() / k.sum())
+    return prior, float(ll.sum() / k.sum()), capped
 
 
 # ----------------------------------------------------------------------------------------------
@@ -618,7 +729,10 @@ class GaussianizeTransform(RewardTransform):
         if not is_integer(max_knots) or max_knots < 2:
             raise ConfigError("max_knots", max_knots, "must be an integer >= 2")
         max_knots = int(max_knots)
-        if isinstance(rewards, np.ndarray):
+        table = table_values(rewards)  # a pandas table: its pd.NA are NaN
+        if table is not None:
+            r = table.reshape(-1)
+        elif isinstance(rewards, np.ndarray):
             r = _real_array(rewards, "rewards").reshape(-1)
         else:
             try:
@@ -760,7 +874,8 @@ class FitResult:
 
     ``prior`` and ``transform`` go straight into :class:`beacon.BeaconConfig`
     (see :meth:`config`). ``fitted_on`` records what was fitted (family, method, counts, mean
-    log evidence per reward in transformed units, rewards dropped by the robust fences).
+    log evidence per reward in transformed units, rewards dropped by the robust fences, and,
+    where a small log capped the prior, ``capped``: ``{name: cap}`` with a ``note``).
     """
 
     prior: Prior
@@ -922,7 +1037,7 @@ def fit_reward_model(
             # not a reason to rescale the whole log
             with np.errstate(over="ignore", invalid="ignore"):
                 x, dropped = _drop_outliers(x)
-        _check_normal_scale(x)
+        widest = _check_normal_scale(x)
     elif family == "judge":
         bad = ~np.isnan(x) & ((x < 0.0) | (x > 1.0))
         if bad.any():
@@ -932,21 +1047,25 @@ def fit_reward_model(
         _check_binary(x)
     st = _Stats.of(x)
     _check_enough(st, "rewards")
-    used, note = method, ""
+    if family == "normal":
+        _check_varies(widest, st)
+    used, notes = method, []
     if family == "normal":
         prior: Prior
-        prior, ll, used = _fit_nig(st, method)
+        prior, ll, used, capped = _fit_nig(st, method)
         if used != method:
-            note = ("a prompt whose rewards are all (nearly) identical makes the marginal "
-                    "likelihood unbounded on this log (the population's scale would go to 0); "
-                    "fitted by moments instead")
+            notes.append("a prompt whose rewards are all (nearly) identical makes the marginal "
+                         "likelihood unbounded on this log (the population's scale would go to "
+                         "0); fitted by moments instead")
     elif family == "judge":
         ok = ~np.isnan(x)
         wins = np.where(ok, (x > WIN_THRESHOLD).astype(np.float64), np.nan)
-        prior, ll = _fit_beta(wins, method, f"wins (r > {WIN_THRESHOLD:g})",
-                              f"losses (r <= {WIN_THRESHOLD:g})")
+        prior, ll, capped = _fit_beta(wins, method, f"wins (r > {WIN_THRESHOLD:g})",
+                                      f"losses (r <= {WIN_THRESHOLD:g})")
     else:
-        prior, ll = _fit_beta(x, method)
+        prior, ll, capped = _fit_beta(x, method)
+    if capped:
+        notes.append(_small_log_note(st, capped))
     fitted_on: dict[str, Any] = {
         "family": family,
         "method": used,
@@ -956,9 +1075,28 @@ def fit_reward_model(
         "dropped": dropped,
         "mean_log_evidence": ll,
     }
-    if note:
-        fitted_on["note"] = note
+    if capped:
+        fitted_on["capped"] = capped
+    if notes:
+        fitted_on["note"] = "; ".join(notes)
     return FitResult(prior, tr, fitted_on)
+
+
+def _small_log_note(st: _Stats, capped: dict[str, float]) -> str:
+    """What was capped for a small log (:func:`_caps`), with the log's counts."""
+    n, p = int(st.k.sum()), int(st.k.size)
+    why = {
+        "nu0": f"nu0 <= {capped.get('nu0', 0):g}, the log's {n} rewards",
+        "alpha0": f"alpha0 <= {capped.get('alpha0', 0):g}, half its {n - p} within-prompt "
+                  "degrees of freedom",
+        "a0 + b0": f"a0 + b0 <= {capped.get('a0 + b0', 0):g}, the log's {n} rewards (mean "
+                   "a0 / (a0 + b0) kept)",
+    }
+    return (
+        f"fitted on {p} prompts ({n} rewards): the best fit was a prior surer than this log "
+        f"can make it, so it was capped at {'; '.join(why[name] for name in capped)}; the prior "
+        "is only as strong as the log, and the caps grow with more logged prompts"
+    )
 
 
 def fit_prior(

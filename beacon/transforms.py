@@ -28,6 +28,7 @@ __all__ = [
     "check_transformed_range",
     "make_transform",
     "register_transform",
+    "table_values",
     "transform_from_dict",
 ]
 
@@ -51,16 +52,51 @@ def check_transformed_range(raw: NDArray[np.float64], x: NDArray[np.float64], ki
         raise RewardError((i, j), float(raw[i, j]), _too_large(kind, float(x[i, j])))
 
 
+def table_values(obj: Any) -> NDArray[Any] | None:
+    """A table's values (a pandas DataFrame or Series, nullable dtypes included) as floats with
+    its missing values (``pd.NA``) as NaN; None for anything else or a table that is not all
+    numbers.
+
+    ``np.asarray`` of a nullable ``Float64`` / ``Int64`` frame holding ``pd.NA`` is an object
+    array that no float conversion accepts; ``to_numpy(dtype=..., na_value=nan)`` (pandas'
+    own, found by duck typing so pandas is not imported) says what the missing values are.
+    """
+    to_numpy = getattr(obj, "to_numpy", None)
+    if isinstance(obj, np.ndarray) or not callable(to_numpy):
+        return None
+    try:
+        out = to_numpy(dtype=np.float64, na_value=np.nan)
+    except (TypeError, ValueError):  # strings, dates, lists in cells, another to_numpy
+        return None
+    return out if isinstance(out, np.ndarray) else None
+
+
 def as_reward_array(rewards: ArrayLike) -> NDArray[np.float64]:
     """``rewards`` as a float array for :meth:`RewardTransform.apply`: strings, ragged lists
     and other non-numbers are a :class:`ConfigError` naming ``rewards`` (not numpy's bare
-    ValueError)."""
+    ValueError); a pandas table's missing values (``pd.NA``) and the masked entries of a numpy
+    masked array are NaN, missing, as in fitting and replay (``np.asarray`` would hand over a
+    masked entry's hidden value: a logit error about it, a gaussianized number for it)."""
     try:
+        if isinstance(rewards, np.ma.MaskedArray):
+            return np.ma.filled(rewards.astype(np.float64), np.nan)
         return np.asarray(rewards, dtype=np.float64)
     except (TypeError, ValueError) as exc:
+        table = table_values(rewards)  # only after the plain conversion failed: no extra work
+        if table is not None:
+            return table
         raise ConfigError(
-            "rewards", rewards, "must be numbers or an array of numbers (NaN = missing)"
+            "rewards", _shown(rewards), "must be numbers or an array of numbers (NaN = missing)"
         ) from exc
+
+
+def _shown(value: Any) -> Any:
+    """``value`` for an error message: a table or an array by its type and shape, not by a
+    repr of every reward (a DataFrame's runs to many lines)."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, np.ndarray | np.generic):
+        return f"{type(value).__name__} of shape {tuple(shape)}"
+    return value
 
 
 class RewardTransform:
