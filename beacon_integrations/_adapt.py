@@ -16,12 +16,15 @@ called with, and the framework context of this one query. ``BeaconResult.prompt`
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from beacon._checks import is_real
 from beacon._sync import call_in_thread
 from beacon.engine.protocol import (
     Generation,
@@ -40,6 +43,7 @@ __all__ = [
     "lc_prompt_text",
     "lc_score",
     "lc_scorer_runnable",
+    "li_format",
     "li_generate_engine",
     "li_generate_llm",
     "li_score",
@@ -78,7 +82,8 @@ def to_reward(value: Any, position: Any = None) -> float:
     Accepts a real number, a bool (``True``/``False``, numpy's too: 1.0/0.0, as the engine
     does, for verifiers on the bernoulli family), a numeric string (an LLM judge piped into
     ``StrOutputParser``), a message whose text content is numeric (a judge chat model), or a
-    mapping with a numeric (or bool) ``"score"`` or ``"reward"`` entry. An exception instance
+    mapping with a numeric (or bool) ``"score"`` or ``"reward"`` entry. A message whose content
+    is a list of blocks (a reasoning judge's) is read from its text blocks. An exception instance
     (a scorer failing this one value) is raised as it is. Anything else is a
     :class:`beacon.RewardError`; its message names ``position`` (a sample's position) only
     when one is given.
@@ -96,6 +101,8 @@ def to_reward(value: Any, position: Any = None) -> float:
     content = getattr(value, "content", None)
     if isinstance(content, str):
         value = content
+    elif isinstance(content, list):  # a judge's content blocks (reasoning, then its text)
+        value = _blocks_text(content)
     if isinstance(value, str):
         try:
             value = float(value.strip())
@@ -107,6 +114,23 @@ def to_reward(value: Any, position: Any = None) -> float:
         if exc is value:  # a scorer's own error for this value (an HTTP scorer's, say)
             raise
         raise _reward_error(raw, exc.reason, position) from None
+
+
+def _blocks_text(blocks: list[Any]) -> str:
+    """The text of a message's content blocks: its strings and ``"text"`` blocks (dicts, as
+    LangChain gives them, or block objects, as vendor SDKs do), joined. A reasoning model's
+    reply (Anthropic's with thinking, OpenAI's Responses API) puts its reasoning in blocks
+    of other types before the answer, which are not the judge's verdict."""
+    parts: list[str] = []
+    for b in blocks:
+        if isinstance(b, str):
+            parts.append(b)
+            continue
+        kind = b.get("type") if isinstance(b, Mapping) else getattr(b, "type", None)
+        text = b.get("text") if isinstance(b, Mapping) else getattr(b, "text", None)
+        if kind == "text" and isinstance(text, str):
+            parts.append(text)
+    return "".join(parts)
 
 
 async def _maybe_await(v: Any) -> Any:
@@ -235,19 +259,56 @@ def lc_prompt_text(value: Any, model: Any = None) -> str:
     return _message_text(messages)
 
 
+def _json_default(obj: Any) -> Any:
+    """``json.dumps``'s fallback for a parsed output: a pydantic model as its JSON-mode dump
+    (a ``PydanticToolsParser`` list holds them), anything else as its text."""
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    return str(obj)
+
+
+def _structured_generation(out: Any) -> Generation | None:
+    """A parsed output -- a dict (``JsonOutputParser``, ``with_structured_output`` of a JSON
+    schema), a list (``JsonOutputToolsParser``) or a pydantic model (``PydanticOutputParser``,
+    ``with_structured_output(Model)``) -- as a sample: its JSON text, the object itself as
+    ``raw``. ``None`` for anything else."""
+    from pydantic import BaseModel
+
+    if isinstance(out, BaseModel):
+        return Generation(out.model_dump_json(), raw=out)
+    if isinstance(out, Mapping | list | tuple):
+        try:
+            text = json.dumps(out, ensure_ascii=False, default=_json_default)
+        except (TypeError, ValueError):  # keys that are no JSON keys, a circular reference
+            return None
+        return Generation(text, raw=out)
+    return None
+
+
 def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
     """``generate(query)``: one sample from a LangChain chat model or runnable.
 
     The model is invoked with the query's child config (a child run; callbacks see its
-    ``on_llm_end``, hence its usage metadata). A string output becomes the text of the sample.
-    Rate limiting, the timeout and retries are the engine's (``before_model_call`` takes a
-    LangChain rate limiter's token before the call has a slot).
+    ``on_llm_end``, hence its usage metadata). A string output becomes the text of the sample;
+    a message its text. A chain ending in an output parser that parses (a dict, a list or a
+    pydantic model: ``JsonOutputParser``, ``PydanticOutputParser``,
+    ``with_structured_output``) gives a sample whose text is the output as JSON (what the
+    scorer sees) and whose ``raw`` is the parsed object. Rate limiting, the timeout and retries
+    are the engine's (``before_model_call`` takes a LangChain rate limiter's token before the
+    call has a slot).
     """
 
     async def generate(query: LCQuery) -> Generation:
-        return coerce_generation(
-            await model.ainvoke(query.model_input, config=query.config)
-        )
+        out = await model.ainvoke(query.model_input, config=query.config)
+        try:
+            return coerce_generation(out)
+        except TypeError:
+            # not a message or a text: a parsed output is scored as its JSON
+            parsed = _structured_generation(out)
+            if parsed is None:
+                raise
+            return parsed
 
     return generate
 
@@ -315,11 +376,14 @@ class LIQuery:
     """One LlamaIndex query as the engine's opaque prompt.
 
     ``text`` is the query string (what the scorer sees); ``bundle`` the ``QueryBundle`` an
-    inner query engine is queried with; ``prompt`` the formatted LLM prompt (LLM mode);
-    ``template`` and ``variables`` what it was formatted from, so that a LlamaIndex ``LLM`` can
-    format it its own way (see :func:`li_generate_llm`); ``contexts`` maps each inner-engine
-    sample's text to its source nodes' contents (what a LlamaIndex evaluator is given as
-    ``contexts``, as ``aevaluate_response`` gives them).
+    inner query engine is queried with; ``template`` and ``variables`` the LLM prompt and what
+    it is formatted with (LLM mode), so that a LlamaIndex ``LLM`` can format it its own way
+    (see :func:`li_generate_llm`); ``prompt`` a prompt string already formatted, sent as is
+    when there is no ``template``; ``contexts`` maps each inner-engine sample's text to its
+    source nodes' contents (what a LlamaIndex evaluator is given as ``contexts``, as
+    ``aevaluate_response`` gives them). ``formatted`` caches what the LLM is sent (a prompt
+    string or a message list, made by :func:`li_format`): every sample of a query gets the
+    same prompt, so it is formatted once per query, not once per sample.
     """
 
     text: str
@@ -328,6 +392,7 @@ class LIQuery:
     contexts: dict[str, list[str]] = field(default_factory=dict, repr=False)
     template: Any = field(default=None, repr=False)
     variables: dict[str, str] = field(default_factory=dict, repr=False)
+    formatted: Any = field(default=None, repr=False)
 
     def __str__(self) -> str:
         return self.text
@@ -342,29 +407,106 @@ def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
     (``formatted=True``) with the template rendered through the LLM's ``messages_to_prompt`` /
     ``completion_to_prompt`` and extended by its ``system_prompt`` and
     ``query_wrapper_prompt``. An object with ``acomplete`` but without the ``LLM`` base class's
-    formatting gets ``query.prompt`` as is. LlamaIndex's own LLM instrumentation events fire
-    for every sample.
+    formatting gets the template formatted plainly (or ``query.prompt``). The prompt is
+    formatted once per query (:func:`li_format`; at its first sample if the caller has not)
+    and reused by every sample; each sample gets its own copy of a message list. The tokens
+    a response reports (see :func:`_li_tokens`) are the sample's usage, so that a budget's
+    token and money caps hold. An LLM with an ``output_parser`` has its reply parsed by it,
+    as ``predict`` does (the format instructions it added to the prompt ask for that form):
+    the sample's text is ``str(output_parser.parse(reply))``, and a reply it cannot parse
+    fails its sample. LlamaIndex's own LLM instrumentation events fire for every sample.
     """
-    from llama_index.core.base.llms.types import ChatMessage, MessageRole
-
-    get_messages = getattr(llm, "_get_messages", None)
-    get_prompt = getattr(llm, "_get_prompt", None)
+    parse_output = getattr(llm, "_parse_output", None)
 
     async def generate(query: LIQuery) -> Generation:
-        if getattr(llm.metadata, "is_chat_model", False):
-            if query.template is not None and callable(get_messages):
-                messages = get_messages(query.template, **query.variables)
-            else:
-                messages = [ChatMessage(role=MessageRole.USER, content=query.prompt)]
-            resp = await llm.achat(messages)
+        chat = li_format(llm, query)
+        if chat:
+            # a list of its own: an LLM that edits the list it is given (appends, trims)
+            # must not change what the query's other samples are sent
+            resp = await llm.achat(list(query.formatted))
         else:
-            prompt = query.prompt
-            if query.template is not None and callable(get_prompt):
-                prompt = get_prompt(query.template, **query.variables)
-            resp = await llm.acomplete(prompt, formatted=True)
-        return coerce_generation(resp)
+            resp = await llm.acomplete(query.formatted, formatted=True)
+        gen = coerce_generation(resp)
+        if gen is resp:  # the LLM's own Generation: edit a copy, never its object
+            gen = dataclasses.replace(gen)
+        if callable(parse_output) and getattr(llm, "output_parser", None) is not None:
+            # as LLM.predict: the parser's format instructions went out with the prompt
+            gen.text = parse_output(gen.text)
+        if gen.input_tokens is None and gen.output_tokens is None:
+            gen.input_tokens, gen.output_tokens = _li_tokens(resp)
+        return gen
 
     return generate
+
+
+def li_format(llm: Any, query: LIQuery) -> bool:
+    """Format ``query``'s prompt for ``llm`` into ``query.formatted``, unless it already is
+    (once per query: see :attr:`LIQuery.formatted`); whether ``llm`` is a chat model.
+
+    A chat model's prompt is the template's messages as ``LLM._get_messages`` makes them, a
+    completion model's the string ``LLM._get_prompt`` renders (what ``predict`` sends); an
+    object without the ``LLM`` base class's formatting gets the template formatted plainly, or
+    ``query.prompt``. The callers format a query before sampling it, so that a template that
+    cannot be formatted fails the query at once, with its own error.
+    """
+    chat = bool(getattr(llm.metadata, "is_chat_model", False))
+    if query.formatted is not None:
+        return chat
+    template = query.template
+    if template is not None:
+        method = getattr(llm, "_get_messages" if chat else "_get_prompt", None)
+        if callable(method):
+            formatted = method(template, **query.variables)
+            query.formatted = list(formatted) if chat else formatted
+            return chat
+        text = str(template.format(**query.variables))
+    else:
+        text = query.prompt
+    if chat:
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        query.formatted = [ChatMessage(role=MessageRole.USER, content=text)]
+    else:
+        query.formatted = text
+    return chat
+
+
+def _count(v: Any) -> int | None:
+    """A reported token count (a finite number >= 0, not a bool), else ``None``."""
+    if isinstance(v, bool) or not is_real(v) or not 0 <= v < math.inf:
+        return None
+    return int(v)
+
+
+def _pair(usage: Any) -> tuple[int | None, int | None]:
+    """``(input, output)`` tokens of a usage dict or object: OpenAI's ``prompt_tokens`` /
+    ``completion_tokens``, or ``input_tokens`` / ``output_tokens`` (Anthropic's, LangChain's)."""
+    def get(name: str) -> Any:
+        return usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
+
+    it, ot = _count(get("prompt_tokens")), _count(get("completion_tokens"))
+    if it is None and ot is None:
+        it, ot = _count(get("input_tokens")), _count(get("output_tokens"))
+    return it, ot
+
+
+def _li_tokens(resp: Any) -> tuple[int | None, int | None]:
+    """``(input, output)`` tokens a LlamaIndex ``CompletionResponse`` / ``ChatResponse``
+    reports (``None``: not reported).
+
+    LlamaIndex's LLM integrations (OpenAI, Ollama, the OpenAI-like ones...) put the counts in
+    ``additional_kwargs`` as ``prompt_tokens`` / ``completion_tokens``; others leave them in
+    the provider's own response, ``raw`` (an SDK object or a dict) under ``usage``. Without
+    them a :class:`beacon.Budget` token or money cap could not bound the query.
+    """
+    extra = getattr(resp, "additional_kwargs", None)
+    if isinstance(extra, Mapping):
+        it, ot = _pair(extra)
+        if it is not None or ot is not None:
+            return it, ot
+    raw = getattr(resp, "raw", None)
+    usage = raw.get("usage") if isinstance(raw, Mapping) else getattr(raw, "usage", None)
+    return (None, None) if usage is None else _pair(usage)
 
 
 def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]]:

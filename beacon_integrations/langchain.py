@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import queue
 import re
 import threading
@@ -48,6 +49,7 @@ from langchain_core.rate_limiters import BaseRateLimiter
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
+    RunnableLambda,
     RunnableSerializable,
 )
 from langchain_core.runnables.base import coerce_to_runnable
@@ -212,6 +214,43 @@ def _iterate_in_thread(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
         t.join()
 
 
+# What LangChain passes a RunnableLambda's function by keyword when it declares them.
+_LAMBDA_KEYWORDS = frozenset({"config", "run_manager"})
+
+
+def _check_lambda_scorer(scorer: RunnableLambda[Any, Any]) -> None:
+    """A ``RunnableLambda`` scorer's function must take the one dict ``{"prompt", "response"}``.
+
+    A ``score(prompt, response)`` function wrapped in ``RunnableLambda`` is called with the
+    dict alone and fails with a ``TypeError`` -- at every sample, each after a model call that
+    is paid for. Caught here instead, as a :class:`beacon.ConfigError` saying to pass the
+    function itself.
+    """
+    for func in (getattr(scorer, "func", None), getattr(scorer, "afunc", None)):
+        if func is None:
+            continue
+        try:
+            params = inspect.signature(func).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+            continue
+        required = [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.default is p.empty
+            and p.name not in _LAMBDA_KEYWORDS
+        ]
+        if len(required) > 1:
+            raise ConfigError(
+                "scorer",
+                scorer,
+                f"is a RunnableLambda over a function of {len(required)} arguments "
+                f"({', '.join(required)}), but a runnable scorer is called with one dict "
+                '{"prompt": ..., "response": ...}; pass the function itself for '
+                "score(prompt, response)",
+            )
+
+
 def _in_threads(scorer: Any) -> Any:
     """``scorer`` as an async callable running it in a worker thread per call, when it is a
     plain synchronous callable (``offload_sync``); anything else as it is.
@@ -364,6 +403,8 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
     @field_validator("scorer", mode="before")
     @classmethod
     def _check_scorer(cls, v: Any) -> Any:
+        if isinstance(v, RunnableLambda):
+            _check_lambda_scorer(v)
         if isinstance(v, Runnable) or callable(v):
             return v
         raise ConfigError("scorer", v, "must be a callable, a runnable or a beacon scorer")

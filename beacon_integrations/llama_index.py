@@ -55,6 +55,7 @@ from beacon.retry import RetryPolicy
 from beacon_integrations._adapt import (
     BeaconSamplingError,
     LIQuery,
+    li_format,
     li_generate_engine,
     li_generate_llm,
     li_score,
@@ -374,8 +375,8 @@ class BeaconQueryEngine(BaseQueryEngine):
         query_bundle = _as_bundle("query_bundle", query_bundle)
         q = query_bundle.query_str
         if self._llm is not None:
-            query = LIQuery(q, query_bundle, self._prompt.format(query_str=q),
-                            template=self._prompt, variables={"query_str": q})
+            query = LIQuery(q, query_bundle, template=self._prompt, variables={"query_str": q})
+            li_format(self._llm, query)  # once for every sample; a bad template fails here
         else:
             query = LIQuery(q, query_bundle)
         res = await self._sampler.arun(query, observers=[_observer(q)])
@@ -536,9 +537,11 @@ class BeaconQueryTransform(BaseQueryTransform):
         """The transformed bundle and the :class:`~beacon.result.BeaconResult` behind it."""
         bundle = _as_bundle("query_bundle_or_str", query_bundle_or_str)
         q = bundle.query_str
-        # HyDE templates name the query {context_str}; str.format ignores the unused name.
-        query = LIQuery(q, bundle, self._prompt.format(query_str=q, context_str=q),
-                        template=self._prompt, variables={"query_str": q, "context_str": q})
+        # HyDE templates name the query {context_str}; formatting ignores the unused name.
+        query = LIQuery(
+            q, bundle, template=self._prompt, variables={"query_str": q, "context_str": q}
+        )
+        li_format(self._llm, query)  # once for every sample; a bad template fails here
         res = await self._sampler.arun(query, observers=[_observer(q)])
         res.prompt = q
         self.last_result = res

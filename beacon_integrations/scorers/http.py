@@ -104,12 +104,20 @@ def _check_headers(headers: Any) -> dict[str, str]:
         raise ConfigError(
             "headers", headers, "must be a mapping of header names to string values"
         )
+    seen: dict[str, str] = {}
     for k, v in headers.items():
         if not isinstance(k, str) or not k or _BAD_HEADER_CHARS.search(k):
             raise ConfigError(
                 "headers", k,
                 "header names must be non-empty one-line strings without control characters",
             )
+        # Header names are case-insensitive: both spellings would be sent, and a server
+        # refuses a duplicated header (aiohttp's own answers 400).
+        if k.lower() in seen:
+            raise ConfigError(
+                "headers", k, f"names the same header as {seen[k.lower()]!r} (names ignore case)"
+            )
+        seen[k.lower()] = k
         if not isinstance(v, str) or _BAD_HEADER_CHARS.search(v):
             raise ConfigError(
                 f"headers[{k!r}]", v,
@@ -312,7 +320,9 @@ class HttpRewardScorer:
         score_path: dotted path or callable locating the score (list of scores when batched).
         batched: one request scores all responses of a batch (the endpoint accepts lists).
         headers: extra request headers, a mapping of ``str`` names to ``str`` values (do not
-            put secrets here; use ``api_key_env``).
+            put secrets here; use ``api_key_env``). Names ignore case: two spellings of one
+            name are a :class:`beacon.ConfigError`, and a ``Content-Type`` (``content-type``)
+            given replaces the default ``application/json``.
         api_key_env: name of the environment variable holding the API key.
         auth_header / auth_scheme: how the key is sent (``Authorization: Bearer <key>``);
             ``auth_scheme=""`` sends the bare key (e.g. ``auth_header="x-api-key"``). The key,
@@ -322,7 +332,8 @@ class HttpRewardScorer:
             (never the key).
         timeout: seconds allowed to connect, and between bytes of the response (waiting for a
             pooled connection excluded) -> :class:`RewardTimeoutError`; a finite number > 0.
-        total_timeout: optional cap on a whole request, pool waiting included (finite, > 0).
+        total_timeout: optional cap on a whole request, pool waiting included (finite, > 0);
+            the :class:`RewardTimeoutError` says which of the two limits ran out.
         max_connections / max_connections_per_host: connection-pool limits (0 = unlimited).
         max_response_bytes: largest response body read (default 10 MiB); a larger one is a
             :class:`RewardResponseError` at ``"<body>"``, never read into memory whole. An
@@ -583,7 +594,7 @@ class HttpRewardScorer:
                 timeout=aiohttp.ClientTimeout(
                     total=self.total_timeout, sock_connect=self.timeout, sock_read=self.timeout
                 ),
-                headers={"Content-Type": "application/json", **self.headers},
+                headers=self._session_headers(),
             )
             # A started async generator is finalised by the loop's shutdown_asyncgens()
             # (asyncio.run does that), which closes a session that aclose() never got to:
@@ -594,6 +605,14 @@ class HttpRewardScorer:
             with self._sessions_lock:
                 self._sessions[loop] = entry
         return entry[0]
+
+    def _session_headers(self) -> dict[str, str]:
+        """The user's headers, after a JSON ``Content-Type`` unless they set their own (in any
+        case: ``content-type`` too), which would otherwise be sent twice, a request that
+        servers refuse with 400."""
+        if any(k.lower() == "content-type" for k in self.headers):
+            return dict(self.headers)
+        return {"Content-Type": "application/json", **self.headers}
 
     def _forget_finished(self) -> None:
         """Drop the entries of closed loops and closed sessions.
@@ -663,8 +682,7 @@ class HttpRewardScorer:
         except (RewardHTTPError, asyncio.CancelledError):
             raise
         except TimeoutError as exc:
-            raise RewardTimeoutError(f"reward endpoint {url} timed out after {self.timeout}s") \
-                from exc
+            raise RewardTimeoutError(f"reward endpoint {url} {self._timed_out(exc)}") from exc
         except aiohttp.ClientError as exc:
             msg = self._scrub(str(exc))
             raise RewardConnectionError(
@@ -680,6 +698,16 @@ class HttpRewardScorer:
         except ValueError as exc:
             snippet = self._snippet(raw[:_ERROR_BODY_BYTES])
             raise RewardResponseError("<body>", snippet, "response is not valid JSON") from exc
+
+    def _timed_out(self, exc: TimeoutError) -> str:
+        """Which limit ran out: aiohttp raises a ``ServerTimeoutError`` for the connect and
+        between-bytes limits (``timeout``) and a plain ``TimeoutError`` for the whole-request
+        cap (``total_timeout``)."""
+        aiohttp = import_extra("aiohttp", __name__, "http")
+
+        if self.total_timeout is not None and not isinstance(exc, aiohttp.ServerTimeoutError):
+            return f"did not answer within total_timeout={self.total_timeout}s"
+        return f"timed out after {self.timeout}s (timeout: to connect, or between bytes)"
 
     async def aclose(self) -> None:
         """Close the session of the running loop and forget all sessions.
