@@ -576,7 +576,7 @@ def test_lost_messages_are_found_and_resent_exactly_once(tier: SimpleNamespace,
     from typer.testing import CliRunner
 
     from beacon.cli import app as cli
-    from worker.recovery import in_broker, requeue_lost
+    from worker.recovery import broker_digests, requeue_lost
     from worker.tasks import resend
 
     queue = f"{PREFIX}-lost"
@@ -596,7 +596,7 @@ def test_lost_messages_are_found_and_resent_exactly_once(tier: SimpleNamespace,
     held_raw = r.rpop(queue)
     r.hset("unacked", f"{PREFIX}-tag", json.dumps([json.loads(held_raw), "", queue]))
     try:
-        keys = in_broker(r, res.job_id, [queue])
+        keys = broker_digests(r, [queue], [res.job_id])[res.job_id]
         assert len(keys) == n - 1  # the held message counts as present
         sent: list[list[str]] = []
 

@@ -131,7 +131,7 @@ def test_any_activity_on_a_job_keeps_all_of_its_state(tier: SimpleNamespace) -> 
     assert store.begin_run(job_id, keys[2]) == 1
     activities = {
         "begin_run": lambda: store.begin_run(job_id, keys[3]),
-        "start_run": lambda: store.start_run(job_id, keys[4]),
+        "begin_run (another prompt)": lambda: store.begin_run(job_id, keys[4]),
         "store_error": lambda: store.store_error(job_id, keys[5], {"record": {"key": keys[5]}}),
         "store_result": lambda: store.store_result(job_id, keys[6], {"record": {"key": keys[6]}},
                                                    end_run=True),

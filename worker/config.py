@@ -43,22 +43,36 @@ from typing import Any
 from beacon.errors import ConfigError
 from beacon.jobs.spec import parse_allow_list
 
-__all__ = ["WorkerSettings", "is_redis_url"]
+__all__ = ["WorkerSettings", "is_redis_url", "url_without_credentials"]
 
 _DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
-def url_without_credentials(url: str) -> str:
-    """``url`` with any ``user:password@`` removed, for logs and banners."""
-    from urllib.parse import urlsplit, urlunsplit
+_SECRET_PARAMS = frozenset({"password", "username", "user"})
 
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url.split("@")[-1]
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+
+def url_without_credentials(url: str) -> str:
+    """``url`` as a user may see it (logs, banners, error lines): scheme, host, port, path and
+    database kept; any ``user:password@`` and any ``password=`` / ``username=`` query parameter
+    (redis-py reads both) removed.
+
+    The credentials are cut at the *last* ``@`` of the URL, not where a URL parser ends the
+    host: an unescaped ``/``, ``?`` or ``#`` in a password moves the parser's idea of the host
+    past the ``@``, and the password would be shown whole. One function for every URL the
+    worker tier names, so no place strips less than another.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # not a URL (a bare "host:port", or "user:pw@host"): keep what follows any @
+        scheme, rest = "", url
+    rest = rest.rsplit("@", 1)[-1]
+    path, qsep, query = rest.partition("?")
+    if qsep:
+        from urllib.parse import parse_qsl, urlencode
+
+        kept = [(k, v) for k, v in parse_qsl(query.split("#", 1)[0], keep_blank_values=True)
+                if k.lower() not in _SECRET_PARAMS]
+        rest = path + (f"?{urlencode(kept, safe='/:')}" if kept else "")
+    return f"{scheme}{sep}{rest}"
 
 
 def is_redis_url(url: str) -> bool:

@@ -19,7 +19,8 @@ Memory. A job may have a million prompts, each registered with its full prompt t
 never holds more than one chunk (``CHUNK``) of prompt records: the job's prompts are read
 ``HSCAN`` page by page, and lost ones are resent as they are found, a chunk at a time. What it
 keeps for the whole check is a 64-bit digest of each key (8 bytes a prompt, :class:`KeyDigests`):
-those pending before the first broker scan and those seen in the broker, of the jobs checked.
+those pending before the first broker scan and those seen in the broker, of the jobs checked,
+and those read while lost ones are resent (``HSCAN`` may return a key twice; each is sent once).
 
 Only a Redis broker can be inspected this way. AMQP brokers keep unacknowledged messages
 themselves and redeliver them when a consumer's connection drops, so this loss cannot happen
@@ -29,6 +30,7 @@ there; :func:`requeue_lost` refuses other brokers unless ``force`` resends every
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -48,8 +50,8 @@ from worker.config import is_redis_url, url_without_credentials
 from worker.state import JobStore, UnknownJobError
 
 __all__ = ["CHUNK", "BrokerInspectionError", "BrokerUnreachableError", "KeyDigests",
-           "RequeueResult", "Sweeper", "broker_digests", "broker_keys", "in_broker",
-           "requeue_lost", "requeue_lost_jobs"]
+           "RequeueResult", "Sweeper", "broker_digests", "read_broker", "requeue_lost",
+           "requeue_lost_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -64,40 +66,86 @@ def _key_digest(key: str) -> int:
         hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
 
 
+_MERGE = 1 << 14  # digests KeyDigests keeps in a Python set, at least, before sorting them in
+
+
+def _sorted_unique(a: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """``a``'s distinct values, sorted (a sort and a mask: numpy's ``unique`` may hash)."""
+    a = np.sort(a)
+    if a.size > 1:
+        a = a[np.concatenate(([True], a[1:] != a[:-1]))]
+    return a
+
+
 class KeyDigests:
     """A set of prompt keys held as 64-bit digests (8 bytes a key, not the key's string).
 
     Two keys share a digest with probability about 2**-64 per pair; for this module's sets
-    that would make a lost prompt look queued (not resent by this check) or a prompt
+    that would make a lost prompt look queued (not resent by this check), a prompt
     registered during the check look pending before it (at worst one duplicate run, the cost
-    of any false positive here).
+    of any false positive here), or a pending prompt look already resent in this sweep (left
+    to the next one).
+
+    The latest additions sit in a Python set and are sorted into the array in one go when
+    the set reaches the larger of ``_MERGE`` and a sixteenth of the array (at most about
+    1 MB, or 4 bytes a key, more while the set fills; :meth:`compact` empties it): adds and
+    lookups may alternate (a sweep's "resent already?" check) at a small cost each, where
+    merging at every lookup would cost a pass over the whole array each time.
     """
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
-        self._new = array("Q")
-        self._sorted: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
-        for k in keys:
-            self.add(k)
+        self._new: set[int] = set()
+        # Keys given at once go straight into the array (no set on the way).
+        self._sorted = _sorted_unique(
+            np.frombuffer(array("Q", map(_key_digest, keys)), dtype=np.uint64))
 
     def add(self, key: str) -> None:
-        self._new.append(_key_digest(key))
+        self._add(_key_digest(key))
+
+    def _add(self, d: int) -> None:
+        new = self._new
+        new.add(d)
+        if len(new) >= _MERGE and len(new) >= len(self._sorted) >> 4:
+            self.compact()
+
+    def add_new(self, key: str) -> bool:
+        """Add ``key``; whether it was not in the set before (one digest for both)."""
+        return self._add_new(_key_digest(key))
+
+    def _add_new(self, d: int) -> bool:
+        if self._has(d):
+            return False
+        self._add(d)
+        return True
+
+    def compact(self) -> KeyDigests:
+        """Sort the latest additions into the array (8 bytes a key from then on); returns
+        ``self``. For a set filled once and then only read."""
+        if self._new:
+            fresh = np.fromiter(self._new, dtype=np.uint64, count=len(self._new))
+            self._sorted = _sorted_unique(np.concatenate((self._sorted, fresh)))
+            self._new = set()
+        return self
 
     def _frozen(self) -> npt.NDArray[np.uint64]:
-        if len(self._new):
-            fresh = np.frombuffer(self._new, dtype=np.uint64)
-            self._sorted = np.union1d(self._sorted, fresh).astype(np.uint64)
-            self._new = array("Q")
-        return self._sorted
+        return self.compact()._sorted
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
             return False
-        arr = self._frozen()
-        if not arr.size:  # a first submission: no queued key to look for, nothing to hash
+        if not self._sorted.size and not self._new:  # a first submission: nothing to look for
             return False
-        d = np.uint64(_key_digest(key))
-        i = int(np.searchsorted(arr, d))
-        return i < len(arr) and arr[i] == d
+        return self._has(_key_digest(key))
+
+    def _has(self, d: int) -> bool:
+        if d in self._new:
+            return True
+        arr = self._sorted
+        if not arr.size:
+            return False
+        du = np.uint64(d)
+        i = int(np.searchsorted(arr, du))
+        return i < len(arr) and arr[i] == du
 
     def __len__(self) -> int:
         return len(self._frozen())
@@ -114,13 +162,28 @@ class BrokerInspectionError(RuntimeError):
 
 class BrokerUnreachableError(RuntimeError):
     """The broker could not be read for the messages it holds (down, a network cut, a
-    timeout). Raised instead of redis's own ``ConnectionError`` / ``TimeoutError`` so that a
-    caller can tell it from the state store going away: with a Redis broker both raise those.
-    ``broker`` is its URL without credentials."""
+    timeout, an error reply such as a refused password). Raised instead of redis's own errors
+    so that a caller can tell it from the state store going away: with a Redis broker both
+    raise those. ``broker`` is its URL without credentials, ``cause`` redis's error."""
 
     def __init__(self, broker_url: str, cause: BaseException) -> None:
         self.broker = url_without_credentials(broker_url)
+        self.cause = cause
         super().__init__(f"cannot reach the broker {self.broker}: {str(cause).rstrip('.')}")
+
+
+@contextlib.contextmanager
+def read_broker(broker_url: str) -> Iterator[Any]:
+    """A Redis client of the broker for the block, closed after it; any redis error inside
+    the block is raised as :class:`BrokerUnreachableError` (the state store may be the same
+    kind of server, and only the caller knows which one it was reading)."""
+    r = redis.Redis.from_url(broker_url)
+    try:
+        yield r
+    except redis.exceptions.RedisError as exc:
+        raise BrokerUnreachableError(broker_url, exc) from None
+    finally:
+        r.close()
 
 
 @dataclass(frozen=True)
@@ -182,27 +245,15 @@ def _broker_tasks(r: Any, queues: Iterable[str]) -> Iterator[tuple[str, str]]:
             yield str(args[0]), str(args[1])
 
 
-def broker_keys(r: Any, queues: Iterable[str]) -> dict[str, set[str]]:
-    """Per job id, the prompt keys with a message waiting in ``queues`` or held unacknowledged
-    (one pass over the queue lists and the ``unacked`` hash, whatever the number of jobs)."""
-    found: dict[str, set[str]] = {}
-    for job_id, key in _broker_tasks(r, queues):
-        found.setdefault(job_id, set()).add(key)
-    return found
-
-
 def broker_digests(r: Any, queues: Iterable[str], jobs: Iterable[str]) -> dict[str, KeyDigests]:
-    """:func:`broker_keys` of ``jobs`` only, as :class:`KeyDigests` (8 bytes a message)."""
+    """Per job of ``jobs``, the prompt keys with a message waiting in ``queues`` or held
+    unacknowledged, as :class:`KeyDigests` (8 bytes a message; one pass over the queue lists
+    and the ``unacked`` hash, whatever the number of jobs)."""
     found = {j: KeyDigests() for j in jobs}
     for job_id, key in _broker_tasks(r, queues):
         if job_id in found:
             found[job_id].add(key)
-    return found
-
-
-def in_broker(r: Any, job_id: str, queues: Iterable[str]) -> set[str]:
-    """Prompt keys of ``job_id`` with a message waiting in ``queues`` or held unacknowledged."""
-    return broker_keys(r, queues).get(job_id, set())
+    return {j: d.compact() for j, d in found.items()}
 
 
 Send = Callable[[str, list[tuple[str, dict[str, Any]]], str], None]
@@ -247,21 +298,16 @@ def requeue_lost_jobs(
         return out
     if not is_redis_url(broker_url):
         raise BrokerInspectionError(
-            f"broker {broker_url.split('@')[-1]!r} is not Redis: lost messages can only be "
-            "found on a Redis broker (AMQP brokers redeliver unacknowledged messages "
+            f"broker {url_without_credentials(broker_url)!r} is not Redis: lost messages can "
+            "only be found on a Redis broker (AMQP brokers redeliver unacknowledged messages "
             "themselves); use force to resend every pending prompt")
     queues = sorted(set().union(*(qs for _, qs, _ in checked.values())))
-    r = redis.Redis.from_url(broker_url)
-    try:
+    with read_broker(broker_url) as r:
         # Twice, ``settle`` apart: a message moving between a queue and ``unacked`` is in
         # neither for milliseconds, but never in neither at both scans.
         first = broker_digests(r, queues, checked)
         time.sleep(settle)
         second = broker_digests(r, queues, checked)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise BrokerUnreachableError(broker_url, exc) from None
-    finally:
-        r.close()
     for job_id, (queue, _, pending) in checked.items():
         seen = first.pop(job_id) | second.pop(job_id)
         still = [0]  # prompts still pending now, counted as the scan goes
@@ -269,12 +315,24 @@ def requeue_lost_jobs(
         def lost(job_id: str = job_id, pending: KeyDigests = pending,
                  seen: KeyDigests = seen, still: list[int] = still
                  ) -> Iterator[tuple[str, dict[str, Any]]]:
+            read = KeyDigests()  # each prompt once: see _distinct
             for k, p in store.unfinished(job_id):
+                d = _key_digest(k)  # once for the three sets (the check runs per prompt)
+                if not read._add_new(d):
+                    continue
                 still[0] += 1
-                if k in pending and k not in seen:
+                if pending._has(d) and not seen._has(d):
                     yield k, p
 
-        n_lost = _send_in_chunks(store, job_id, lost(), queue, send)
+        try:
+            n_lost = _send_in_chunks(store, job_id, lost(), queue, send)
+        except UnknownJobError:
+            # Purged (or expired) since it was read above: nothing more is sent, and the
+            # job is left out as unknown. A chunk that went out just before the purge is
+            # dropped by the workers (the job is gone: nothing runs).
+            log.info("job %s is gone (purged or expired) while its lost prompts were being "
+                     "sent again", job_id)
+            continue
         if n_lost:
             log.warning("job %s: %d prompt message(s) lost by the broker; sent them again",
                         job_id, n_lost)
@@ -282,21 +340,34 @@ def requeue_lost_jobs(
     return out
 
 
+def _distinct(items: Iterable[tuple[str, dict[str, Any]]]
+              ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``items`` with each key's first occurrence only. ``HSCAN`` may return a field twice
+    (the hash was rehashed while it was scanned): a lost prompt read twice would be resent,
+    and run and paid for, twice in one sweep. 8 bytes a key (:class:`KeyDigests`)."""
+    seen = KeyDigests()
+    for k, p in items:
+        if seen.add_new(k):
+            yield k, p
+
+
 def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dict[str, Any]]],
                     queue: str, send: Send) -> int:
     """Send ``items`` ``CHUNK`` at a time (each chunk's records are all that is held);
-    returns how many were sent."""
+    returns how many were sent. Each chunk's send is stamped before it goes out, which
+    raises :class:`~worker.state.UnknownJobError`, sending nothing more, once the job is
+    gone (purged or expired meanwhile): a send must not bring a job back."""
     n = 0
     batch: list[tuple[str, dict[str, Any]]] = []
     for item in items:
         batch.append(item)
         if len(batch) >= CHUNK:
-            send(job_id, batch, queue)
             store.mark_sent(job_id, queue)
+            send(job_id, batch, queue)
             n, batch = n + len(batch), []
     if batch:
-        send(job_id, batch, queue)
         store.mark_sent(job_id, queue)
+        send(job_id, batch, queue)
         n += len(batch)
     return n
 
@@ -317,7 +388,8 @@ def requeue_lost(
     ``CHUNK`` prompts at most per call. ``force`` skips the broker inspection and the grace
     period and resends every pending prompt (for brokers that cannot be inspected; duplicates
     are harmless but cost a run).
-    Raises :class:`~worker.state.UnknownJobError` for a job the store does not know,
+    Raises :class:`~worker.state.UnknownJobError` for a job the store does not know (or no
+    longer knows when the lost prompts are about to be sent: purged meanwhile),
     :class:`BrokerUnreachableError` when the broker cannot be read; what ``send`` raises
     (:func:`worker.tasks.resend`: kombu's ``OperationalError`` for the broker) and the state
     store's redis ``ConnectionError`` / ``TimeoutError`` pass through.
@@ -325,9 +397,9 @@ def requeue_lost(
     if force:
         queue = store.meta(job_id).get("queue", "")
         if not queue:
-            n = sum(1 for _ in store.unfinished(job_id))
+            n = sum(1 for _ in _distinct(store.unfinished(job_id)))
             return RequeueResult(job_id, n, 0, "job has no recorded queue" if n else "finished")
-        n = _send_in_chunks(store, job_id, store.unfinished(job_id), queue, send)
+        n = _send_in_chunks(store, job_id, _distinct(store.unfinished(job_id)), queue, send)
         return RequeueResult(job_id, n, n, "" if n else "finished")
     res = requeue_lost_jobs(store, [job_id], broker_url=broker_url, send=send, grace=grace,
                             settle=settle)

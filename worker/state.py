@@ -100,6 +100,14 @@ local n = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
 return n
 """
 
+# KEYS: the job's keys, then P:jobs; ARGV: queue, time, ttl, job id (JobStore.mark_sent).
+_MARK_SENT = _JOB_GONE + """
+redis.call('HSET', KEYS[3], 'queue', ARGV[1], 'queue:' .. ARGV[1], '1', 'sent', ARGV[2])
+""" + _touch_job(3) + """
+redis.call('SADD', KEYS[6], ARGV[4])
+return 1
+"""
+
 _STORE_ERROR = _JOB_GONE + _END_RUN_IN_STORE + """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
@@ -155,6 +163,7 @@ class JobStore:
         self._store_error = self.r.register_script(_STORE_ERROR)
         self._end_run = self.r.register_script(_END_RUN)
         self._begin_run = self.r.register_script(_BEGIN_RUN)
+        self._mark_sent = self.r.register_script(_MARK_SENT)
 
     @classmethod
     def from_settings(cls, settings: Any) -> JobStore:
@@ -227,14 +236,14 @@ class JobStore:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def mark_sent(self, job_id: str, queue: str) -> None:
-        """Record that tasks of the job were just sent to ``queue``."""
-        meta = self._k(job_id, "meta")
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(meta, mapping={"queue": queue, f"queue:{queue}": "1",
-                                 "sent": repr(time.time())})
-        self._touch(pipe, job_id)
-        pipe.sadd(self._jobs_key, job_id)
-        pipe.execute()
+        """Record that tasks of the job were just sent to ``queue``. Raises
+        :class:`UnknownJobError`, writing nothing, when the job is gone (purged or expired
+        while its tasks were being sent): a send must not bring back a meta hash without a
+        spec, which ``status`` would show as a job of 0 prompts for another BEACON_JOB_TTL."""
+        self._stored(job_id, self._mark_sent(
+            keys=[*self._job_keys(job_id), self._jobs_key],
+            args=[queue, repr(time.time()), self.ttl, job_id],
+        ))
 
     @staticmethod
     def sent_queues(meta: dict[str, str]) -> set[str]:
@@ -315,21 +324,14 @@ class JobStore:
         pending until their retry stores an outcome. Returns how many errors were removed."""
         return int(self.r.hdel(self._k(job_id, "errors"), *keys)) if keys else 0
 
-    def start_run(self, job_id: str, key: str) -> int:
-        """Count a run of ``key`` starting; returns the runs of it started and not ended
-        (:meth:`end_run`), this one included: the others died with their worker process (or
-        are running right now, on a duplicate delivery)."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hincrby(self._k(job_id, "runs"), key, 1)
-        self._touch(pipe, job_id)
-        return int(pipe.execute()[0])
-
     def begin_run(self, job_id: str, key: str) -> int | None:
-        """:meth:`has_result` and :meth:`start_run` in one round trip (what a task does before
-        it runs a prompt): None when ``key`` already has a result (nothing is counted), else
-        the runs of ``key`` started and not ended, this one included. Raises
-        :class:`UnknownJobError` when the job is gone (purged, expired): a message still
-        queued for it must not run, and be paid for, with nowhere to store the outcome."""
+        """:meth:`has_result` and the count of a run of ``key`` starting, in one round trip
+        (what a task does before it runs a prompt): None when ``key`` already has a result
+        (nothing is counted), else the runs of ``key`` started and not ended (:meth:`end_run`),
+        this one included: the others died with their worker process (or are running right
+        now, on a duplicate delivery). Raises :class:`UnknownJobError` when the job is gone
+        (purged, expired): a message still queued for it must not run, and be paid for, with
+        nowhere to store the outcome."""
         n = int(self._begin_run(keys=self._job_keys(job_id), args=[key, self.ttl]))
         if n < 0:
             raise UnknownJobError(job_id)

@@ -84,7 +84,7 @@ from beacon.jobs.spec import (
 )
 from beacon.result import BeaconResult, Candidate
 from worker.app import app, settings
-from worker.config import is_redis_url
+from worker.config import is_redis_url, url_without_credentials
 from worker.state import JobStore, UnknownJobError
 
 if TYPE_CHECKING:
@@ -179,10 +179,6 @@ _prefixed: dict[str, JobStore] = {}
 _warned_prefixes: set[str] = set()
 
 
-def _url_label(url: str) -> str:
-    return url.split("@")[-1]  # no credentials in messages
-
-
 def _headers(request: Any) -> dict[str, Any]:
     """The BEACON headers of the message being run (empty for older submitters)."""
     custom = getattr(request, "headers", None)
@@ -220,7 +216,7 @@ def _store_for_message(job_id: str, headers: Mapping[str, Any]) -> JobStore:
     if want is not None and want != st.store_id(create=False) \
             and want != st.store_id(create=False, fresh=True):
         raise ForeignStoreError(
-            "BEACON_STATE_URL", _url_label(base.url),
+            "BEACON_STATE_URL", url_without_credentials(base.url),
             f"job {job_id!r} lives in the submitter's state store (BEACON_KEY_PREFIX="
             f"{prefix!r}, store id {want}), not in this worker's (BEACON_KEY_PREFIX="
             f"{base.prefix!r}, store id {st.store_id(create=False) or 'none'}): start this worker "
@@ -604,7 +600,7 @@ class BrokerUnavailableError(RuntimeError):
 
 
 def _broker_label() -> str:
-    return repr(_url_label(str(app.conf.broker_url or "")))
+    return repr(url_without_credentials(str(app.conf.broker_url or "")))
 
 
 def _check_broker() -> None:
@@ -626,17 +622,16 @@ def _queued_keys(st: JobStore, job_id: str, queues: set[str]) -> KeyDigests:
     As 64-bit digests (:class:`~worker.recovery.KeyDigests`, 8 bytes a queued message): a
     resubmission holds them for as long as it sends, and a backlog may be millions deep. A
     digest collision (about 2**-64 a pair) would leave one unqueued prompt unsent, to the
-    sweeper (:mod:`worker.recovery`) once the colliding message is gone."""
-    from worker.recovery import KeyDigests, broker_digests
+    sweeper (:mod:`worker.recovery`) once the colliding message is gone.
+    Raises :class:`~worker.recovery.BrokerUnreachableError` when the broker cannot be read
+    (not redis's own error, which the caller would take for the state store's)."""
+    from worker.recovery import KeyDigests, broker_digests, read_broker
 
     url = str(app.conf.broker_url or "")
     if not is_redis_url(url) or not queues:
         return KeyDigests()
-    r = redis.Redis.from_url(url)
-    try:
+    with read_broker(url) as r:
         return broker_digests(r, sorted(queues), [job_id])[job_id]
-    finally:
-        r.close()
 
 
 @dataclass(frozen=True)
@@ -703,7 +698,9 @@ def submit_job(
     Redis broker, prompts whose task is still queued or running, in any queue the job was sent
     to, are not sent again (``queued``). Bad input lines are stored as errors right away.
     Raises :class:`BrokerUnavailableError` when the broker cannot be reached (checked before
-    the job is registered).
+    the job is registered; later, when it goes away while tasks are sent or, on a
+    resubmission, while its queues are read), :class:`~worker.state.UnknownJobError` when the
+    job is purged while it is being submitted (at the next send's stamp, which refuses it).
     """
     _check_submit_args(items, spec, job_id, input_digest, source, retry_failed, chunk, store,
                        queue)
@@ -721,6 +718,8 @@ def submit_job(
         resubmitted = True
     except UnknownJobError:
         prior_queues, resubmitted = set(), False
+    from worker.recovery import BrokerUnreachableError
+
     # A job submitted again while it runs: its prompts still queued or running are not sent a
     # second time (each would be paid for twice); only lost or unsent ones are. The broker's
     # queue is read (every message in it) only once a prompt is about to be sent.
@@ -748,9 +747,13 @@ def submit_job(
         todo = [(item, has_err) for item, (has_res, has_err) in zip(batch, flags, strict=True)
                 if not (has_res or (has_err and not retry_failed))]
         already += len(batch) - len(todo)
-        # A failed prompt is sent again on retry_failed even if a stale message is around.
-        fresh = [item for item, has_err in todo
-                 if has_err or item[0] not in in_broker()]
+        try:
+            # A failed prompt is sent again on retry_failed even if a stale message is around.
+            fresh = [item for item, has_err in todo
+                     if has_err or item[0] not in in_broker()]
+        except BrokerUnreachableError as exc:  # its queues could not be read: chunk not sent
+            raise BrokerUnavailableError(_broker_label(), exc.cause, job_id=job_id,
+                                         sent=enqueued) from None
         queued += len(todo) - len(fresh)
         if fresh:
             from kombu.exceptions import OperationalError
