@@ -54,25 +54,29 @@ _SECRET_PARAMS = frozenset({"password", "username", "user"})
 def url_without_credentials(url: str) -> str:
     """``url`` as a user may see it (logs, banners, error lines): scheme, host, port, path and
     database kept; any ``user:password@`` and any ``password=`` / ``username=`` query parameter
-    (redis-py reads both) removed.
+    (redis-py reads both) removed. The rest is shown as written (nothing re-encoded).
 
-    The credentials are cut at the *last* ``@`` of the URL, not where a URL parser ends the
-    host: an unescaped ``/``, ``?`` or ``#`` in a password moves the parser's idea of the host
-    past the ``@``, and the password would be shown whole. One function for every URL the
-    worker tier names, so no place strips less than another.
+    The host part ends where a URL parser (redis-py's) ends it, at the first ``/``, ``?`` or
+    ``#``, and its credentials at its last ``@``. An ``@`` after the host part is ambiguous: a
+    password holding an unescaped ``/``, ``?`` or ``#`` (``redis://:p/w@host``), or a query
+    value (``?client_name=a@b``). Guessing either way can show a password or a wrong host, so
+    such a URL is shown as its scheme alone. One function for every URL the worker tier
+    names, so no place strips less than another.
     """
     scheme, sep, rest = url.partition("://")
     if not sep:  # not a URL (a bare "host:port", or "user:pw@host"): keep what follows any @
-        scheme, rest = "", url
-    rest = rest.rsplit("@", 1)[-1]
-    path, qsep, query = rest.partition("?")
+        return url.rpartition("@")[2]
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    host, tail = rest[:cut].rpartition("@")[2], rest[cut:]
+    if "@" in tail:
+        return f"{scheme}://(host hidden: an '@' outside the host part may belong to a password)"
+    path, qsep, query = tail.partition("?")
     if qsep:
-        from urllib.parse import parse_qsl, urlencode
-
-        kept = [(k, v) for k, v in parse_qsl(query.split("#", 1)[0], keep_blank_values=True)
-                if k.lower() not in _SECRET_PARAMS]
-        rest = path + (f"?{urlencode(kept, safe='/:')}" if kept else "")
-    return f"{scheme}{sep}{rest}"
+        query, hsep, fragment = query.partition("#")
+        kept = [kv for kv in query.split("&")
+                if kv.partition("=")[0].lower() not in _SECRET_PARAMS]
+        tail = path + ("?" + "&".join(kept) if kept else "") + hsep + fragment
+    return f"{scheme}://{host}{tail}"
 
 
 def is_redis_url(url: str) -> bool:
@@ -132,7 +136,7 @@ class WorkerSettings:
             raise ConfigError("BEACON_KEY_PREFIX", self.key_prefix, "must be non-empty, "
                                                                     "without spaces")
         if not is_redis_url(self.state_url):
-            raise ConfigError("BEACON_STATE_URL", self.state_url,
+            raise ConfigError("BEACON_STATE_URL", url_without_credentials(self.state_url),
                               "job state needs Redis (redis://, rediss:// or unix://)")
         if self.engine_concurrency < 1:
             raise ConfigError("BEACON_ENGINE_CONCURRENCY", self.engine_concurrency,

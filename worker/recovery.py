@@ -99,6 +99,13 @@ class KeyDigests:
         self._sorted = _sorted_unique(
             np.frombuffer(array("Q", map(_key_digest, keys)), dtype=np.uint64))
 
+    @classmethod
+    def of_digests(cls, digests: array[int]) -> KeyDigests:
+        """The set of these :func:`_key_digest` values (sorted in one go)."""
+        out = cls()
+        out._sorted = _sorted_unique(np.frombuffer(digests, dtype=np.uint64))
+        return out
+
     def add(self, key: str) -> None:
         self._add(_key_digest(key))
 
@@ -152,7 +159,7 @@ class KeyDigests:
 
     def __or__(self, other: KeyDigests) -> KeyDigests:
         out = KeyDigests()
-        out._sorted = np.union1d(self._frozen(), other._frozen()).astype(np.uint64)
+        out._sorted = _sorted_unique(np.concatenate((self._frozen(), other._frozen())))
         return out
 
 
@@ -249,11 +256,12 @@ def broker_digests(r: Any, queues: Iterable[str], jobs: Iterable[str]) -> dict[s
     """Per job of ``jobs``, the prompt keys with a message waiting in ``queues`` or held
     unacknowledged, as :class:`KeyDigests` (8 bytes a message; one pass over the queue lists
     and the ``unacked`` hash, whatever the number of jobs)."""
-    found = {j: KeyDigests() for j in jobs}
+    found = {j: array("Q") for j in jobs}  # filled, then sorted once (no lookups meanwhile)
     for job_id, key in _broker_tasks(r, queues):
-        if job_id in found:
-            found[job_id].add(key)
-    return {j: d.compact() for j, d in found.items()}
+        digests = found.get(job_id)
+        if digests is not None:
+            digests.append(_key_digest(key))
+    return {j: KeyDigests.of_digests(d) for j, d in found.items()}
 
 
 Send = Callable[[str, list[tuple[str, dict[str, Any]]], str], None]
@@ -354,20 +362,25 @@ def _distinct(items: Iterable[tuple[str, dict[str, Any]]]
 def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dict[str, Any]]],
                     queue: str, send: Send) -> int:
     """Send ``items`` ``CHUNK`` at a time (each chunk's records are all that is held);
-    returns how many were sent. Each chunk's send is stamped before it goes out, which
-    raises :class:`~worker.state.UnknownJobError`, sending nothing more, once the job is
-    gone (purged or expired meanwhile): a send must not bring a job back."""
+    returns how many were sent. Before each chunk the job must still exist, and the chunk is
+    stamped once it went out (a failed send is no send: the sweeper's grace period must not
+    skip the job for it); both raise :class:`~worker.state.UnknownJobError`, writing and
+    sending nothing more, once the job is gone (purged or expired meanwhile): a send must
+    not bring a job back. A purge landing during a chunk's send leaves that chunk to the
+    workers, which drop it (nothing runs for a gone job)."""
     n = 0
     batch: list[tuple[str, dict[str, Any]]] = []
     for item in items:
         batch.append(item)
         if len(batch) >= CHUNK:
-            store.mark_sent(job_id, queue)
+            store.check_exists(job_id)
             send(job_id, batch, queue)
+            store.mark_sent(job_id, queue)
             n, batch = n + len(batch), []
     if batch:
-        store.mark_sent(job_id, queue)
+        store.check_exists(job_id)
         send(job_id, batch, queue)
+        store.mark_sent(job_id, queue)
         n += len(batch)
     return n
 

@@ -66,10 +66,23 @@ if ARGV[4] == '1' then
 end
 """
 
-# The job must still exist (KEYS[3], its meta): a run begun before a purge must not recreate
-# part of the job (its results alone, for another BEACON_JOB_TTL) when it ends.
+# The job must still exist (KEYS[3], its meta, with the spec JobStore.create writes: a meta
+# hash without one is a shell that a write racing a purge left, not a job): a run begun
+# before a purge must not recreate part of the job (its results alone, for another
+# BEACON_JOB_TTL) when it ends, nor a submission racing a purge its prompts.
 _JOB_GONE = """
-if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
+if redis.call('HEXISTS', KEYS[3], 'spec') == 0 then return -1 end
+"""
+
+# KEYS: the job's keys; ARGV: ttl, then prompt key and payload pairs (JobStore.add_prompts).
+_ADD_PROMPTS = _JOB_GONE + """
+local added = 0
+for i = 2, #ARGV, 2 do
+  added = added + redis.call('HSETNX', KEYS[4], ARGV[i], ARGV[i + 1])
+end
+redis.call('HSET', KEYS[3], 'total', redis.call('HLEN', KEYS[4]))
+""" + _touch_job(1) + """
+return added
 """
 
 _STORE_RESULT = _JOB_GONE + _END_RUN_IN_STORE + """
@@ -164,6 +177,7 @@ class JobStore:
         self._end_run = self.r.register_script(_END_RUN)
         self._begin_run = self.r.register_script(_BEGIN_RUN)
         self._mark_sent = self.r.register_script(_MARK_SENT)
+        self._add_prompts = self.r.register_script(_ADD_PROMPTS)
 
     @classmethod
     def from_settings(cls, settings: Any) -> JobStore:
@@ -235,6 +249,12 @@ class JobStore:
             raise UnknownJobError(job_id)
         return {k.decode(): v.decode() for k, v in raw.items()}
 
+    def check_exists(self, job_id: str) -> None:
+        """Raise :class:`UnknownJobError` when the job is gone (purged or expired; a meta hash
+        without a spec is no job): what a sender checks before each chunk goes out."""
+        if not self.r.hexists(self._k(job_id, "meta"), "spec"):
+            raise UnknownJobError(job_id)
+
     def mark_sent(self, job_id: str, queue: str) -> None:
         """Record that tasks of the job were just sent to ``queue``. Raises
         :class:`UnknownJobError`, writing nothing, when the job is gone (purged or expired
@@ -263,20 +283,19 @@ class JobStore:
         self.r.srem(self._jobs_key, job_id)
 
     def add_prompts(self, job_id: str, items: Iterable[tuple[str, dict[str, Any]]]) -> int:
-        """Register prompts (key -> payload); returns how many keys were new to the job."""
-        pk, meta = self._k(job_id, "prompts"), self._k(job_id, "meta")
-        pipe = self.r.pipeline(transaction=False)
-        n = 0
+        """Register prompts (key -> payload); returns how many keys were new to the job.
+
+        One script: raises :class:`UnknownJobError`, writing nothing, when the job is gone
+        (purged while it is submitted), where the writes used to bring back its prompts and
+        a meta hash without a spec."""
+        args: list[Any] = [self.ttl]
         for key, payload in items:
-            pipe.hsetnx(pk, key, json.dumps(payload))
-            n += 1
-        if not n:
+            args += (key, json.dumps(payload))
+        if len(args) == 1:
             return 0
-        added = sum(int(x) for x in pipe.execute())
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(meta, "total", self.r.hlen(pk))
-        self._touch(pipe, job_id)
-        pipe.execute()
+        added = int(self._add_prompts(keys=self._job_keys(job_id), args=args))
+        if added < 0:
+            raise UnknownJobError(job_id)
         return added
 
     def spec(self, job_id: str, ref: str | None = None) -> dict[str, Any]:
