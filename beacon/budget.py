@@ -46,7 +46,8 @@ class Budget:
         max_tokens: input + output tokens reported by the model, summed over the query's calls
             (input tokens read from or written to a prompt cache included: they are processed).
         max_cost: money (currency of the prices) spent on the query.
-        max_seconds: wall-clock seconds from the query's start (queueing included).
+        max_seconds: wall-clock seconds from the query's start (queueing included; a
+            sampler's one-off load of the decision data before its first query excluded).
         price_per_input_token / price_per_output_token: money per token, used to price a
             generation that reports tokens but no cost of its own.
         price_per_cache_read_token / price_per_cache_write_token: money per input token read

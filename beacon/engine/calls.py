@@ -322,16 +322,14 @@ def adopt_running_loop(limiter: Any) -> None:
 
 def _adopt_asyncio_lock(lock: asyncio.Semaphore | asyncio.Lock) -> None:
     """Unbind an asyncio ``Semaphore`` / ``Lock`` from a loop other than the running one when
-    no task of that loop waits for it (or that loop is closed): it binds again to the loop of
-    its next wait. Its count (permits, locked state) is kept."""
+    it is free (a permit left, or unlocked) and no task of that loop waits for it: it binds
+    again to the loop of its next wait, its count kept. A held one is left bound: if its
+    holder's loop was closed without releasing it, its permits are gone, and waiting on it
+    here would hang for ever where the old loop's error ("bound to a different event loop")
+    fails the call."""
     bound = getattr(lock, "_loop", None)
-    if bound is None or bound is asyncio.get_running_loop():
+    if bound is None or bound is asyncio.get_running_loop() or lock.locked():
         return
-    waiters = getattr(lock, "_waiters", None) or ()
-    if any(not w.done() for w in waiters) and not bound.is_closed():
+    if any(not w.done() for w in getattr(lock, "_waiters", None) or ()):
         return  # another loop's tasks wait for it right now
-    if waiters and bound.is_closed():
-        # futures of dropped tasks: pending forever, they would make it look locked (on an
-        # open loop, waiters already woken remove themselves when their tasks resume)
-        lock._waiters = None
     lock._loop = None  # type: ignore[union-attr]

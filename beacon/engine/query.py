@@ -105,17 +105,18 @@ class QueryRun:
     # -- top level ------------------------------------------------------------------------------
     async def run(self) -> BeaconResult:
         error: str | None = None
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter()  # usage.wall_seconds: from the start, the load included
         try:
+            started = self.t0
             if self.ctx.prepare is not None:
-                # The one-off load is not the query's time: a first query on a fresh machine
-                # (kernels compiled) would otherwise meet a max_seconds cap before its first
-                # sample, where loading at its k0-th reward had let it draw k0 samples.
                 await self.ctx.prepare()
-                self.t0 = time.perf_counter()
+                # The one-off load is not the query's sampling time: a first query on a fresh
+                # machine (kernels compiled) would otherwise meet a max_seconds cap before its
+                # first sample, where loading at its k0-th reward had let it draw k0 samples.
+                started = time.perf_counter()
             b = self.ctx.budget
             if b is not None and b.max_seconds is not None:
-                self.deadline = self.t0 + b.max_seconds
+                self.deadline = started + b.max_seconds
             while True:
                 d = self.stopper.next_decision()
                 await self._emit_decisions()

@@ -467,18 +467,23 @@ class BeaconSampler:
         return ctx
 
     async def _prepare(self) -> None:
-        """Load what the config's decisions need (the family's ``prepare``: for ``normal`` the
-        h-table, built on first use, and its kernels) in a worker thread, once per sampler.
+        """Load what the config's queries need (the family's ``prepare``: for ``normal`` the
+        h-table, built on first use, its lookup kernel and, for the robust update, scipy's
+        Student-t quantiles) in a worker thread, once per sampler and only while the family
+        says something is left to load (``needs_prepare``).
 
-        Else the first query's first decision did it on the event loop: ~0.3-1 s reading a
-        shipped table and loading the kernels, seconds building another horizon's table, and
-        tens of seconds compiling the kernels on a fresh machine, with every query in flight
-        stalled and their timeouts running. Queries that start meanwhile each wait in a thread
-        of their own for the same build (``prepare`` is idempotent and thread-safe)."""
+        Else the first query did it on the event loop, at its k0-th and later rewards: ~1 s
+        importing scipy.stats and loading the kernels, seconds more building another horizon's
+        table, tens of seconds compiling the kernels on a fresh machine, with every query in
+        flight stalled and their timeouts running. Queries that start meanwhile each wait in a
+        thread of their own for the same build (``prepare`` is idempotent and thread-safe)."""
         if not self._prepared:
             from beacon.families import get_family
 
-            await asyncio.to_thread(get_family(self._cfg.family).prepare, self._cfg)
+            family = get_family(self._cfg.family)
+            # asked first: a sampler per prompt (the job runner's) must not hop every time
+            if family.needs_prepare(self._cfg):
+                await asyncio.to_thread(family.prepare, self._cfg)
             self._prepared = True
 
     async def _arun(

@@ -123,6 +123,13 @@ class RewardFamily(ABC):
         decision. Default: nothing to load.
         """
 
+    def needs_prepare(self, cfg: BeaconConfig) -> bool:
+        """Whether :meth:`prepare` still has something to load for ``cfg``: cheap, asked on the
+        event loop before a sampler's first query (the engine skips the thread hop when not).
+        Default: whether this family overrides :meth:`prepare` (a family that does should
+        override this too, or every new sampler pays one hop)."""
+        return type(self).prepare is not RewardFamily.prepare
+
     @abstractmethod
     def initial_state(self, cfg: BeaconConfig) -> Any: ...
 

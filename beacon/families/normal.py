@@ -134,6 +134,9 @@ def uip_decider(table: HTable, cost: float) -> Callable[[NormalState], DecisionT
 
     h_lookup: Any = load_tables().h_lookup
     args = table.lookup_arrays()
+    # numba compiles (or loads from its cache) at the first call: here, once per decider, not
+    # at the first off-grid decision of some query (on the engine's event loop)
+    h_lookup(*args, int(args[-1]), math.nan)
     x_lo, dx, scale, zlo, zhi, logh, m2, dof, k_min = args
     x_lo, dx, scale, zlo, zhi = float(x_lo), float(dx), float(scale), float(zlo), float(zhi)
     k_min, n_rows = int(k_min), int(logh.shape[0])
@@ -227,11 +230,13 @@ def _make_update(robust: bool, q: float) -> Callable[[NormalState, float], tuple
 class _Kernel:
     """The normal family's update and decision for one config.
 
-    The h-table is loaded at the first decision (a query that ends before k0 never needs it);
-    ``decide`` then becomes the decider itself, so later binds of the config call it directly.
+    The h-table is loaded by :meth:`prepare` (the engine runs it in a worker thread before a
+    sampler's first query) or else at the first decision; ``decide`` then becomes the decider
+    itself, so later binds of the config call it directly.
     """
 
-    __slots__ = ("_decider", "_lock", "_table_key", "cost", "decide", "update")
+    __slots__ = ("_decider", "_lock", "_quantile_key", "_table_key", "cost", "decide", "ready",
+                 "update")
 
     def __init__(
         self, robust: bool, q: float, horizon: int, alpha0: float, nu0: float, cost: float
@@ -239,14 +244,17 @@ class _Kernel:
         self.update = _make_update(robust, q)
         self.cost = cost
         self._table_key = (horizon, alpha0, nu0)
+        # the robust update's Student-t quantiles: (q, alpha0, horizon), None when not robust
+        self._quantile_key = (q, alpha0, horizon) if robust else None
         self._decider: Callable[[NormalState], DecisionTuple] | None = None
         self._lock = threading.Lock()
+        self.ready = False  # :meth:`prepare` has run to its end
         self.decide: Callable[[NormalState], DecisionTuple] = self._first_decide
 
-    def prepare(self) -> Callable[[NormalState], DecisionTuple]:
-        """The decider, built once (the h-table read or built): the engine calls this in a
-        worker thread (:meth:`NormalFamily.prepare`) while another thread may be deciding, so
-        the build is under a lock (taken only until the decider exists, never per decision)."""
+    def decider(self) -> Callable[[NormalState], DecisionTuple]:
+        """The decider, built once (the h-table read or built, the lookup kernel loaded) under
+        a lock: :meth:`prepare` may run in a worker thread while another thread decides (taken
+        only until the decider exists, never per decision)."""
         decider = self._decider
         if decider is None:
             with self._lock:
@@ -259,9 +267,23 @@ class _Kernel:
                     self.decide = decider
         return decider
 
+    def prepare(self) -> None:
+        """Everything a query of this config would load on its way (what the engine runs in a
+        worker thread): the decider (:meth:`decider`) and, for the robust update, scipy's
+        Student-t and the quantile of every ``alpha_k = alpha0 + k/2`` below the horizon,
+        summed as the update sums them (memoised by :func:`predictive_quantile`)."""
+        self.decider()
+        if self._quantile_key is not None:
+            q, alpha, horizon = self._quantile_key
+            for _ in range(horizon):
+                if alpha > 0:
+                    predictive_quantile(2.0 * alpha, q)
+                alpha = alpha + 0.5
+        self.ready = True
+
     def _first_decide(self, s: NormalState) -> DecisionTuple:
         """Build the decider once, then delegate (for binds made before the first decision)."""
-        return self.prepare()(s)
+        return (self._decider or self.decider())(s)
 
 
 @lru_cache(maxsize=1024)
@@ -303,8 +325,12 @@ class NormalFamily(RewardFamily):
             raise ConfigError(field, exc.value, exc.reason) from exc
 
     def prepare(self, cfg: BeaconConfig) -> None:
-        """Read (or build) the h-table of ``cfg`` and the lookup kernel (see the base class)."""
+        """Read (or build) the h-table of ``cfg``, load the lookup kernel and, with the robust
+        update, scipy's Student-t quantiles (see the base class)."""
         _kernel_for(cfg).prepare()
+
+    def needs_prepare(self, cfg: BeaconConfig) -> bool:
+        return not _kernel_for(cfg).ready
 
     def initial_state(self, cfg: BeaconConfig) -> NormalState:
         p = cfg.resolved_prior
