@@ -176,6 +176,10 @@ class DemoGenerator(_Base):
 class DemoScorer(_Base):
     """Reward-model stand-in: ``mu_p + sigma_p * e`` (see the module docstring)."""
 
+    #: The reward families its rewards fit: they are continuous (any real number), so neither
+    #: bernoulli (0/1) nor judge (probabilities in [0, 1]); ``beacon run`` refuses the others.
+    families: tuple[str, ...] = ("normal",)
+
     def __init__(self, seed: int = 0, latency_ms: float = 0.0, fail_rate: float = 0.0,
                  outlier_rate: float = 0.04) -> None:
         super().__init__(seed, latency_ms, fail_rate)

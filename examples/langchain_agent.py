@@ -116,7 +116,8 @@ def main() -> None:
         print(f"  first verified attempt in the log: {first_success}")
         last = res["trace"][-1]
         rel = "<=" if last["decision"] == "stop" else ">"
-        print(f"  last decision: k={last['k']} h^B={last['h']} {rel} c={cfg.cost} -> "
+        # 4 significant digits: h^B is computed in floats (0.019999999999999997 is 0.02)
+        print(f"  last decision: k={last['k']} h^B={last['h']:.4g} {rel} c={cfg.cost} -> "
               f"{last['decision']} ({last['reason']})")
         print(f"  agent: {out['messages'][-1].content}")
         summary = {"id": pid, "n_samples": res["n_samples"], "stop_reason": res["stop_reason"],

@@ -275,14 +275,20 @@ def check_input_file(path: Path, argument: str) -> None:
         usage_error(f"{str(path)!r} is a directory, not a JSONL file", argument)
 
 
-def check_output_file(path: Path, option: str) -> None:
+def check_output_file(path: Path, option: str, stdout_hint: str = "") -> None:
     """A file the command will write at ``path``: a usage error on ``option`` now if it cannot.
 
     Checked before any work. Permission bits are not enough (root passes ``os.access`` on a
     folder it cannot write in, such as ``/proc`` or a read-only mount), so the missing folders
     and the file are created as the command will create them, then removed again; an existing
     file is opened for appending and left as it is.
+
+    ``-`` is refused: by convention it means stdout, and writing a file named ``-`` instead
+    (as ``-o -`` used to) hides the result where nobody looks. ``stdout_hint`` says what the
+    command offers on stdout instead, if anything.
     """
+    if str(path) == "-":
+        usage_error(f"'-': this writes a file, not stdout; give a file name{stdout_hint}", option)
     if path.is_dir():
         usage_error(f"{str(path)!r} is a directory; give a file name in it", option)
     missing: list[Path] = []
@@ -339,6 +345,9 @@ def load_log(path: Path) -> LoggedRewards:
                 f"{path}: gzip-compressed; logs are read as plain UTF-8 JSONL: decompress it "
                 f"first (gunzip -k {shlex.quote(str(path))})"
             )
+        hint = _run_output_hint(path, exc)
+        if hint is not None:
+            fail(f"{exc}; {hint}")
         if exc.line == 1:
             document = _json_document(path)
             if document is not None:
@@ -347,6 +356,45 @@ def load_log(path: Path) -> LoggedRewards:
                 fail(f"{exc}; {path} holds {what}, not JSON Lines: write one prompt's object "
                      f"per line (jq -c {jq} FILE > LOG.jsonl)")
         fail(str(exc))
+
+
+def _run_output_hint(path: Path, exc: LogFormatError) -> str | None:
+    """What to do when the line ``exc`` names is a ``beacon run`` output line (it has a
+    ``"key"``), which is a reward log (docs/bulk.md) except in two cases; None otherwise.
+
+    A failed prompt (``"ok": false``) has no usable rewards: leave such lines out. A repeated
+    id is a prompt run by two jobs (other options, factories or kwargs give other keys, and
+    one ``--out`` keeps both) or two prompts given one id: merging their samples, as the log
+    error suggests for a hand-made log, would mix two configurations or two prompts. The line
+    is read only once the log has failed on it, so a good log costs nothing more.
+    """
+    if exc.line is None:
+        return None
+    rec: Any = None
+    try:
+        with path.open("r", encoding="utf-8-sig") as fh:
+            for lineno, text in enumerate(fh, start=1):
+                if lineno == exc.line:
+                    rec = json.loads(text)
+                    break
+    except (OSError, ValueError):  # ValueError: invalid JSON or UTF-8
+        return None
+    if not (isinstance(rec, dict) and "key" in rec):
+        return None
+    if rec.get("ok") is False:
+        return (
+            f"line {exc.line} is a prompt that failed in 'beacon run' (\"ok\": false, no "
+            f"rewards): leave the failed lines out (jq -c 'select(.ok)' "
+            f"{shlex.quote(str(path))} > LOG.jsonl)"
+        )
+    if exc.field == "id":
+        return (
+            f"line {exc.line} is a 'beacon run' result whose id another result in this output "
+            "has too: two jobs written to one --out (other options, factories or kwargs give "
+            "other keys) or two prompts with one id; do not merge their samples: write each "
+            "job to its own --out and give each prompt its own id"
+        )
+    return None
 
 
 # A log that fails on its first line is parsed as one JSON document only up to this size.

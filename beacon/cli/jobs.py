@@ -5,8 +5,9 @@
 inside the commands only, so ``beacon --help`` stays fast.
 
 Exit codes: 0 every prompt done and ok; 1 some prompts failed (in this run, or kept failed from
-an earlier run by ``--no-retry-failed``), the run was interrupted (rerun to resume) or a job is
-unfinished; 2 usage error (bad option, missing file, unknown job).
+an earlier run by ``--no-retry-failed``), the run was interrupted (rerun to resume), a job is
+unfinished, or the prompts file cannot make a job (no prompt in it, two different prompts with
+one id: refused before any model call); 2 usage error (bad option, missing file, unknown job).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import signal
 import threading
 import time
@@ -246,12 +248,22 @@ def _factory(path: str, kwargs: dict[str, Any], option: str) -> FactorySpec:
 def _base_config(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
+    if path.is_dir():
+        usage_error(f"{str(path)!r} is a directory, not a JSON file", "--config")
     if not path.is_file():
         usage_error(f"file {str(path)!r} does not exist", "--config")
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         fail(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
+    if isinstance(data, dict) and "prior" in data and "fitted_on" in data:
+        # fit-prior's output, given to the wrong option: it used to fail on 'fitted_on' as an
+        # unknown config field, which does not say what to do
+        usage_error(
+            f"{str(path)!r} is a prior file (written by beacon fit-prior), not a config: "
+            f"pass it as --prior {shlex.quote(str(path))}",
+            "--config",
+        )
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = data["config"]  # a job spec or a result's config block
     if not isinstance(data, dict):
@@ -391,6 +403,34 @@ def _factory_option(role: str, fs: FactorySpec, exc: ConfigError) -> str:
     return f"--{role}"
 
 
+def _check_demo_family(scorer: Any, family: str) -> None:
+    """The offline demo reward model with a family its rewards do not fit: a usage error on
+    ``--family`` before any prompt runs. Its rewards are continuous draws (any real number),
+    which the bernoulli family (0/1) and the judge family (probabilities in [0, 1]) refuse:
+    every prompt failed, one by one, with a reward error."""
+    from beacon.demo import DemoScorer
+
+    if isinstance(scorer, DemoScorer) and family not in DemoScorer.families:
+        usage_error(
+            f"{family!r}: beacon.demo:scorer gives continuous rewards, which only the normal "
+            "family takes; use --family normal, or for 0/1 rewards --scorer "
+            "beacon.demo:verifier (prompts with a 'reference' answer)",
+            "--family",
+        )
+
+
+def _check_has_prompts(prompts: Path) -> None:
+    """An input without a single prompt line is an error (exit 1, as ``replay`` on an empty
+    log), not a run that reports 0 ok and 0 failed and exits 0: an empty or truncated export
+    must not pass for a finished job. Reads up to the first non-blank line only."""
+    from beacon.jobs.spec import is_blank_line, open_prompt_file
+
+    with open_prompt_file(prompts) as fh:
+        if any(not is_blank_line(text) for text in fh):
+            return
+    fail(f"{prompts}: holds no prompt (the file is empty or has only blank lines)")
+
+
 async def _run_local(
     prompts: Path, spec: JobSpec, out: Path, *, allowed: tuple[str, ...],
     call_concurrency: int, offload_sync: bool, **kwargs: Any,
@@ -413,9 +453,11 @@ async def _run_local(
     try:
         for role, fs in (("generator", spec.generator), ("scorer", spec.scorer)):
             try:
-                cache.get(fs, role)
+                built = cache.get(fs, role)
             except ConfigError as exc:
                 option_error(exc, _factory_option(role, fs, exc))
+            if role == "scorer":
+                _check_demo_family(built, spec.config.family)
         return await arun_job(prompts, spec, out, allowed=allowed,
                               call_concurrency=call_concurrency, executor=ex, **kwargs)
     finally:
@@ -559,6 +601,7 @@ def run_command(
     if dpo is not None:
         check_output_file(dpo, "--dpo")
     spec = _job_spec(locals())
+    _check_has_prompts(prompts)
     ws = None
     if warm_start_transform is not None and not warm_start:
         usage_error("--warm-start-transform needs --warm-start", "--warm-start-transform")
@@ -869,9 +912,15 @@ def submit_command(
     if out is not None:
         _check_outputs(prompts, out, dpo)
     spec = _job_spec(locals())
+    from beacon.jobs.keys import check_unique_ids
     from beacon.jobs.spec import iter_prompt_file
 
+    _check_has_prompts(prompts)
+    # before the broker is reached: two different prompts with one id would both be run and
+    # collected under that id (raises DuplicateIdError, an error line naming both lines)
+    check_unique_ids(iter_prompt_file(prompts), spec, source=prompts.name)
     try:
+        from worker.state import UnknownJobError
         from worker.tasks import BrokerUnavailableError, submit_job
     except ModuleNotFoundError as exc:
         _missing_extra(exc)
@@ -893,6 +942,8 @@ def submit_command(
             )
         except BrokerUnavailableError as exc:
             fail(str(exc))
+        except UnknownJobError as exc:  # purged (collect --purge elsewhere) while it was sent
+            fail(f"{exc} while it was being submitted: submit again to register it anew")
         except Exception as exc:
             if type(exc).__module__.startswith(("kombu", "amqp")):
                 fail(f"cannot reach the broker: {exc}")
@@ -965,6 +1016,7 @@ def status_command(
             from worker.config import url_without_credentials
             from worker.recovery import BrokerInspectionError, BrokerUnreachableError
             from worker.recovery import requeue_lost as find_and_resend
+            from worker.state import UnknownJobError
             from worker.tasks import resend
         except ModuleNotFoundError as exc:
             _missing_extra(exc)
@@ -987,6 +1039,8 @@ def status_command(
                 )
         except (BrokerInspectionError, BrokerUnreachableError) as exc:
             fail(str(exc) if isinstance(exc, BrokerInspectionError) else f"{exc}; {rerun}")
+        except UnknownJobError as exc:  # purged or expired since its status was read
+            fail(f"{exc}; nothing more was sent for it")
         except OperationalError as exc:
             fail(f"cannot reach the broker {url_without_credentials(settings.broker_url)}: "
                  f"{str(exc).rstrip('.')}; {rerun}")

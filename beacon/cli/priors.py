@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -33,6 +33,9 @@ from beacon.errors import ConfigError, RewardError
 from beacon.evaluation import name_reward_error
 from beacon.priors import rewards_before_first_decision
 from beacon.transforms import RewardTransform
+
+if TYPE_CHECKING:
+    from beacon.fitting import FitResult
 
 __all__ = ["fit_prior_command", "register"]
 
@@ -96,7 +99,7 @@ def fit_prior_command(
     if output.exists() and logged.exists() and output.samefile(logged):
         # writing the prior there would replace the log it is fitted on
         usage_error(f"{str(output)!r} is the log LOGGED itself; give another file", "--output")
-    check_output_file(output, "--output")
+    check_output_file(output, "--output", " (--json also prints the prior on stdout)")
     data = load_log(logged).for_family(family)
     try:
         fit = fit_reward_model(
@@ -130,8 +133,36 @@ def fit_prior_command(
     )
     if isinstance(doc["fitted_on"].get("note"), str):
         print_notes([doc["fitted_on"]["note"]])
+    print_notes(_scale_note(fit))
     if as_json:
         echo_json(doc)
+
+
+def _scale_note(fit: FitResult) -> list[str]:
+    """A note when the fitted prior's typical within-prompt sd is below what the normal family
+    resolves.
+
+    The family floors its posterior scale at ``SIGMA_FLOOR`` (1e-6): a Stopper running this
+    prior on rewards of about 1e-9 weighs ``c`` against the floor, not the rewards' spread, and
+    samples to the horizon whatever ``c`` (``replay --prior`` says so; the file itself did not).
+    """
+    from beacon.families.normal import SIGMA_FLOOR
+
+    if fit.family != "normal":
+        return []
+    try:
+        s = fit.within_scale
+    except ConfigError:  # no scale (not a proper NIG prior): nothing to compare
+        return []
+    if not s < 10 * SIGMA_FLOOR:
+        return []
+    return [
+        f"the fitted prior's typical within-prompt sd (within_scale) is {s:.3g}, below what "
+        f"the normal model resolves (its posterior scale is floored at {SIGMA_FLOOR:g}): a "
+        "Stopper with this prior weighs c against that floor instead of the rewards' spread; "
+        "multiply the rewards by a constant before fitting, or fit with --transform "
+        "gaussianize (it does not depend on the scale)"
+    ]
 
 
 def register(app: typer.Typer) -> None:

@@ -58,7 +58,12 @@ def table_command(
     if prior is not None:
         loaded, _ = load_prior_file(prior)
         if not isinstance(loaded, NIGPrior):
-            usage_error("h-index tables belong to the normal family; give a NIG prior", "--prior")
+            # name the file and what it holds: a Beta prior of fit-prior --family bernoulli
+            usage_error(
+                f"{str(prior)!r} holds a {loaded.family} prior; h-index tables belong to the "
+                "normal family: give a NIG prior (mu0, nu0, alpha0, beta0)",
+                "--prior",
+            )
         p = loaded
     if horizon < p.k0 + 1:
         usage_error(f"{horizon}: must be >= k0 + 1 = {p.k0 + 1} for this prior", "--horizon")

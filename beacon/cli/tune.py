@@ -11,6 +11,7 @@ one; the default is plotted and printed next to it so the gain is visible, not a
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -68,10 +69,12 @@ from beacon.evaluation import (
 __all__ = [
     "QUALITY_LABELS",
     "check_plot_path",
+    "config_options",
     "deploy_lines",
     "matched_range",
     "plot_tune",
     "register",
+    "replay_options",
     "se_band",
     "sweep_rows",
     "sweep_table",
@@ -556,23 +559,76 @@ def range_lines(results: list[TuneResult]) -> list[str]:
     ]
 
 
+def replay_options(
+    horizon: int | None, min_samples: int | None, batch_size: int, robust: bool
+) -> str:
+    """The options of ``tune`` other than the prior's that change what ``replay`` computes,
+    as ``replay`` takes them (`` --horizon 6 --batch-size 2``), for the re-check command:
+    without them it would replay another horizon or batch size than the one tuned and print
+    other numbers. Only the options the user gave (or that differ from replay's defaults) are
+    spelled out."""
+    opts = ""
+    if horizon is not None:
+        opts += f" --horizon {horizon}"
+    if min_samples is not None:
+        opts += f" --min-samples {min_samples}"
+    if batch_size != 1:
+        opts += f" --batch-size {batch_size}"
+    if not robust:
+        opts += " --no-robust"
+    return opts
+
+
+def config_options(horizon: int | None, batch_size: int, robust: bool) -> str:
+    """The ``BeaconConfig`` fields that ``tune`` was told to use and the deploy hint must
+    repeat (``, horizon=6, batch_size=2, robust=False``): the recommended ``c`` was chosen at
+    them, and the config's defaults (horizon 32, batch 1, robust) would stop elsewhere. Only
+    those the user gave (or that differ from the defaults) are spelled out."""
+    opts = ""
+    if horizon is not None:
+        opts += f", horizon={horizon}"
+    if batch_size != 1:
+        opts += f", batch_size={batch_size}"
+    if not robust:
+        opts += ", robust=False"
+    return opts
+
+
 def deploy_lines(
-    res: TuneResult, logged: Path, data: LoggedRewards, transform_spec: str
+    res: TuneResult,
+    logged: Path,
+    data: LoggedRewards,
+    transform_spec: str,
+    replay_opts: str = "",
+    whole: LoggedRewards | None = None,
+    config_opts: str = "",
 ) -> list[str]:
     """How to deploy the recommended cross-fitted variant: fit on the whole log, convert c.
 
     The deployable prior is fitted on every prompt of the log (nothing is scored with it here);
     its ``within_scale`` turns the recommended ``c`` (per-prompt sd units) into the Stopper's
-    cost.
+    cost. ``whole`` is the log before ``--min-samples`` left prompts out: the printed
+    ``fit-prior`` command fits all of it, so the cost printed beside it is converted with that
+    fit, not with a fit on the prompts tuned on only. ``replay_opts`` (:func:`replay_options`)
+    go into the re-check command, so that it replays what was tuned, and ``config_opts``
+    (:func:`config_options`) into the ``BeaconConfig(...)`` to deploy. Paths are shell-quoted:
+    the commands are meant to be pasted.
     """
     from beacon.fitting import fit_reward_model
 
     cf = res.crossfit
     assert cf is not None
     fam = res.config.family
+    if whole is not None:
+        try:
+            whole.for_family(fam)
+            data = whole
+        except ConfigError:
+            pass  # unlabelled prompts (bernoulli) that --min-samples left out: fit those kept
+    log_arg = shlex.quote(str(logged))
     opts = "" if fam == "normal" else f" --family {fam}"
     if cf.transform != "none":
-        opts += f" --transform {transform_spec}"
+        opts += f" --transform {shlex.quote(transform_spec)}"
     with spinner("fitting the deployable prior on the whole log"):
         tr = None if cf.transform == "none" else transform_spec
         if tr is not None and tr not in ("gaussianize", "logit"):
@@ -585,18 +641,25 @@ def deploy_lines(
     cli_opts = opts
     lines = [
         "To deploy it, fit the prior (and transform) on the whole log:",
-        f"  beacon fit-prior {logged}{opts} -o prior.json",
+        f"  beacon fit-prior {log_arg}{opts} -o prior.json",
     ]
     if fam == "normal":
         lines.append(
             f"  and use cost = c x within_scale = {res.choice.cost:.4g} x {fit.within_scale:.4g}"
             f" = {model_cost:.4g} in model units: BeaconConfig(prior=..., transform=..., "
-            f"cost={model_cost:.4g}) (beacon.fitting.load_fit('prior.json').config(cost=...))."
+            f"cost={model_cost:.4g}{config_opts}) "
+            f"(beacon.fitting.load_fit('prior.json').config(cost=...{config_opts}))."
+        )
+    elif config_opts:
+        lines.append(
+            f"  and use cost = {res.choice.cost:.4g} (successes per sample): "
+            f"BeaconConfig(family={fam!r}, prior=..., cost={res.choice.cost:.4g}{config_opts})."
         )
     else:
         lines.append(f"  and use cost = {res.choice.cost:.4g} (successes per sample).")
     lines.append(
-        f"  Re-check on this log without leakage: beacon replay {logged} --prior fit{cli_opts} "
+        f"  Re-check on this log without leakage: beacon replay {log_arg} --prior fit{cli_opts}"
+        f"{replay_opts} "
         f"--cost {res.choice.cost:.4g}" + ("" if cf.n_folds == 5 else f" --folds {cf.n_folds}")
     )
     return lines
@@ -756,7 +819,8 @@ def tune_command(
         if bound is not None and not (math.isfinite(bound) and bound > 0):
             usage_error(f"{bound:g}: must be a finite number > 0", option)
     plot_format = None if plot is None else check_plot_path(plot)
-    data, kept_notes = select_prompts(load_log(logged), family, min_samples)
+    whole = load_log(logged)
+    data, kept_notes = select_prompts(whole, family, min_samples)
     # The sweep replaces the cost; 0.1 only has to be a valid placeholder for validation.
     setup = log_setup(
         data,
@@ -852,7 +916,19 @@ def tune_command(
         subtitle += "; no prompt is scored with a prior fitted on itself"
     if plot is not None:
         plot_tune(res, plot, title, subtitle, baseline, plot_format)
-    deploy = [] if cf is None else deploy_lines(res, logged, data, setup.transform_spec)
+    deploy = (
+        []
+        if cf is None
+        else deploy_lines(
+            res,
+            logged,
+            data,
+            setup.transform_spec,
+            replay_options(horizon, min_samples, batch_size, robust),
+            whole,
+            config_options(horizon, batch_size, robust),
+        )
+    )
     if as_json:
         out: dict[str, Any] = res.to_dict()
         out["variant"] = variant_label(res)

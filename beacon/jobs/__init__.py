@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from beacon.jobs.dpo import DpoWriter, dpo_record
 from beacon.jobs.execute import FactoryCache, Outcome, PromptExecutor
-from beacon.jobs.keys import job_fingerprint, line_error_key, prompt_key
+from beacon.jobs.keys import (
+    DuplicateIdError,
+    check_unique_ids,
+    job_fingerprint,
+    line_error_key,
+    prompt_key,
+)
 from beacon.jobs.local import JobProgress, JobSummary, arun_job, run_job
 from beacon.jobs.output import KeyedJsonlWriter, OutputError, read_jsonl
 from beacon.jobs.spec import (
@@ -34,6 +40,7 @@ from beacon.jobs.warm_start import WarmStart, WarmStarter
 __all__ = [
     "DEFAULT_ALLOWED_FACTORIES",
     "DpoWriter",
+    "DuplicateIdError",
     "FactoryCache",
     "FactoryNotAllowedError",
     "FactorySpec",
@@ -50,6 +57,7 @@ __all__ = [
     "WarmStart",
     "WarmStarter",
     "arun_job",
+    "check_unique_ids",
     "dpo_record",
     "iter_prompt_file",
     "job_fingerprint",

@@ -11,13 +11,16 @@ the key.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 from beacon.jobs.spec import JobInputError, JobSpec, LineError, PromptRecord, canonical_json
 
 __all__ = [
     "KEY_VERSION",
+    "DuplicateIdError",
     "InputKeys",
+    "check_unique_ids",
     "job_fingerprint",
     "line_error_key",
     "prompt_key",
@@ -105,6 +108,57 @@ class InputKeys:
     def add_bad(self, key: str, item: LineError) -> None:
         """Keep a new bad line, to be reported once the whole input is read."""
         self.bad[key] = (item, [item.line])
+
+
+class DuplicateIdError(JobInputError):
+    """Two different prompt records of one input share an id (``line`` is the second one's,
+    ``first_line`` the first one's)."""
+
+    def __init__(self, record_id: str | int, first_line: int, line: int,
+                 source: str | None = None) -> None:
+        super().__init__(
+            "id", record_id,
+            f"line {first_line} has this id too, with another prompt record; each prompt "
+            "needs an id of its own (both results would carry this id, and the output could "
+            "not be read back as a reward log): give one of them another id, or delete the "
+            "line that is not wanted (identical lines are run once)",
+            line=line, source=source,
+        )
+        self.first_line = first_line
+
+
+def _identity(record: PromptRecord, spec: JobSpec) -> int:
+    """64 bits of what :func:`prompt_key` hashes that differ between the records of one job:
+    the record and its effective factories (the spec's sampling and config, common to all
+    of them, are left out: hashing them again for every record made the scan slower)."""
+    rec = record.to_dict()
+    rec["generator"] = spec.generator_for(record).to_dict()
+    rec["scorer"] = spec.scorer_for(record).to_dict()
+    data = canonical_json(rec).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def check_unique_ids(items: Iterable[PromptRecord | LineError], spec: JobSpec, *,
+                     source: str | None = None) -> None:
+    """Raise :class:`DuplicateIdError` for the first prompt record whose id an earlier,
+    different record has (run as a job, both would write a result line with that id).
+
+    Ids are compared as the log reader compares them (as strings: ``1`` and ``"1"`` are one
+    id); records are told apart as their keys tell them apart, so a repeated line (which
+    :class:`InputKeys` runs once) is no conflict. Bad lines have no id and are skipped.
+    A record without a line number is numbered by its position in ``items``.
+    """
+    _spec_part(spec, None)  # a spec that is no JobSpec: the error every key function raises
+    # 64 bits of a digest are plenty to tell the records of one id apart, in little memory
+    seen: dict[str, tuple[int, int]] = {}
+    for pos, item in enumerate(items, start=1):
+        if not isinstance(item, PromptRecord):
+            continue
+        line = item.line if item.line is not None else pos
+        ident = _identity(item, spec)
+        first = seen.setdefault(str(item.id), (line, ident))
+        if first[1] != ident:
+            raise DuplicateIdError(item.id, first[0], line, source)
 
 
 def job_fingerprint(spec: JobSpec, input_digest: str) -> str:

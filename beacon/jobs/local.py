@@ -23,18 +23,22 @@ whose pair cannot be rebuilt (they are counted in ``dpo_missing``). The DPO line
 written before its output line; a pair left without its output line by an interruption is
 dropped and the rerun writes the pair of its new result.
 
-A repeated input line (the same prompt, or the same bad line) is counted in ``duplicates`` and
-run or reported once; the error line of a bad input line lists every line number it occurs on
-(``lines``). An exception raised by the ``progress`` callback starts no further prompt: the prompts
-in flight finish and are written, then the exception is raised (rerun to resume). Once the
-callback has raised it is not called again; when the run is interrupted from outside (Ctrl-C,
-cancellation) it is called once more, with the final counts of what was written.
+Two *different* prompt records with one id are refused before anything is written or run
+(:class:`~beacon.jobs.keys.DuplicateIdError`, naming both lines): both results would carry the id,
+and the output could not be read back as a reward log. A repeated input line (the same prompt, or
+the same bad line) is counted in ``duplicates`` and run or reported once; the error line of a bad
+input line lists every line number it occurs on (``lines``). An exception raised by the
+``progress`` callback starts no further prompt: the prompts in flight finish and are written, then
+the exception is raised (rerun to resume). Once the callback has raised it is not called again;
+when the run is interrupted from outside (Ctrl-C, cancellation) it is called once more, with the
+final counts of what was written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,7 +51,7 @@ from beacon._sync import call_in_thread, run_sync
 from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
 from beacon.jobs.execute import Outcome, PromptExecutor, line_error_record, prepare_config
-from beacon.jobs.keys import InputKeys, record_key
+from beacon.jobs.keys import InputKeys, check_unique_ids, record_key
 from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
 from beacon.jobs.resume import resume_outputs
 from beacon.jobs.spec import (
@@ -267,7 +271,10 @@ async def arun_job(
     """Run ``spec`` on every prompt; resumable (see the module docstring).
 
     Args:
-        prompts: a JSONL path, or an iterable of :class:`PromptRecord` / dicts.
+        prompts: a JSONL path, or an iterable of :class:`PromptRecord` / dicts. Two
+            different records with one id raise :class:`~beacon.jobs.keys.DuplicateIdError`
+            before any file is opened (checked for a path or a sequence; an iterable that can
+            be read only once is not read twice for it).
         out: output JSONL (created; existing keys are skipped).
         dpo: optional DPO JSONL (``prompt``/``chosen``/``rejected``/``margin``).
         concurrency: prompts in progress at once (each runs BEACON's sequential or batched loop).
@@ -329,6 +336,14 @@ async def arun_job(
     starter = WarmStarter(warm_start, spec.config) if warm_start is not None else None
     refitting: asyncio.Task[None] | None = None
     t0 = time.perf_counter()
+    if prompts_path is not None or isinstance(prompts, Sequence):
+        # Two different prompts with one id would both be paid for and written under that id:
+        # refused before any file is opened or model called. (An iterable that can be read
+        # only once is not read twice for it.) A daemon thread that only reads: Ctrl-C
+        # abandons it at once, where asyncio.run would wait for a big file's scan to end.
+        await call_in_thread(functools.partial(
+            check_unique_ids, iter_records(prompts if prompts_path is None else prompts_path),
+            spec, source=None if prompts_path is None else prompts_path.name))
     total = count_prompt_lines(prompts_path) if prompts_path is not None else None
     if total is None and isinstance(prompts, Sequence):
         total = len(prompts)

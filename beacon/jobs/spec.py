@@ -330,9 +330,11 @@ class FactorySpec:
 class PromptRecord:
     """One prompt of a job.
 
-    ``id``: str or int, unique within the user's data (not enforced: the idempotency key is the
-    hash of the whole record). ``prompt``: the text, or a list of chat messages (JSON objects)
-    passed to the generator as is. ``reference``: any JSON (e.g. the reference answer for a
+    ``id``: str or int, unique within the job's input: the runners refuse two different
+    records with one id (:func:`beacon.jobs.keys.check_unique_ids`; the idempotency key is
+    the hash of the whole record, so both would run and write results under that id).
+    ``prompt``: the text, or a list of chat messages (JSON objects) passed to the generator as
+    is. ``reference``: any JSON (e.g. the reference answer for a
     verifier). ``metadata``: a JSON object copied to the output. ``generator`` / ``scorer``:
     optional per-prompt factory overrides. ``line``: 1-based input line (not part of the key).
     """
@@ -479,7 +481,8 @@ def iter_prompt_file(path: str | Path) -> Iterator[PromptRecord | LineError]:
 # -- the job ---------------------------------------------------------------------------------
 _RETRY_KEYS = ("max_attempts", "base_delay", "max_delay", "max_retry_after")
 _BUDGET_KEYS = ("max_tokens", "max_cost", "max_seconds", "price_per_input_token",
-                "price_per_output_token")
+                "price_per_output_token", "price_per_cache_read_token",
+                "price_per_cache_write_token")
 _SAMPLING_KEYS = ("timeout", *_RETRY_KEYS, *_BUDGET_KEYS)
 
 
@@ -488,13 +491,15 @@ class JobSpec:
     """What to run on every prompt.
 
     ``sampling``: engine options that change results and therefore enter the idempotency key:
-    ``timeout`` (seconds per model/scorer attempt), the :class:`beacon.retry.RetryPolicy` fields
-    ``max_attempts`` (per call, first included), ``base_delay`` and ``max_delay`` (backoff
-    seconds) and ``max_retry_after`` (the longest server ``Retry-After`` waited for, seconds;
-    a longer one fails the call), and the per-query :class:`beacon.budget.Budget` caps
+    ``timeout`` (seconds per model/scorer attempt), the :class:`beacon.retry.RetryPolicy`
+    fields ``max_attempts`` (per call, first included), ``base_delay`` and ``max_delay``
+    (backoff seconds) and ``max_retry_after`` (the longest server ``Retry-After`` waited for,
+    seconds; a longer one fails the call), and the per-query :class:`beacon.budget.Budget` caps
     ``max_tokens``, ``max_cost`` (money), ``max_seconds`` (wall time) with
-    ``price_per_input_token`` / ``price_per_output_token``. Unset ones take the engine's
-    defaults (``RetryPolicy()``'s: 3 attempts, 0.5 s, 10 s, 60 s) and are left out of the key.
+    ``price_per_input_token`` / ``price_per_output_token`` and, for a provider with a prompt
+    cache, ``price_per_cache_read_token`` / ``price_per_cache_write_token``. Unset ones take
+    the engine's defaults (``RetryPolicy()``'s: 3 attempts, 0.5 s, 10 s, 60 s) and are left out
+    of the key.
     ``keep_candidates``: write every candidate with its reward to the output (formatting only;
     not part of the key).
     """
