@@ -66,7 +66,7 @@ from beacon._checks import is_integer, is_real, real_as_float
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError, RewardError
 from beacon.priors import Prior, rewards_before_first_decision
-from beacon.transforms import RewardTransform, table_values
+from beacon.transforms import RewardTransform, is_pandas_na, table_values
 
 if TYPE_CHECKING:
     from beacon.fitting import FitResult
@@ -445,6 +445,8 @@ def _parse_number_list(
         table = table_values(obj)  # a pandas Series (a DataFrame row): pd.NA / NaN = null
         if table is not None and table.ndim == 1:
             obj = [None if math.isnan(v) else v for v in table.tolist()]
+        elif table is None and getattr(obj, "ndim", None) == 1 and hasattr(obj, "tolist"):
+            obj = obj.tolist()  # a Series of objects (numbers and pd.NA): value by value
     if not isinstance(obj, list):
         kind = "true/false/null" if labels else "numbers or null"
         raise LogFormatError(path, line, name, obj, f"must be a JSON list of {kind}")
@@ -459,6 +461,8 @@ def _parse_number_list(
             if math.isinf(fv):
                 raise LogFormatError(path, line, f"{name}[{j}]", v, "rewards must be finite")
             out.append(fv)
+        elif is_pandas_na(v):  # pd.NA in a list built from a pandas column: null
+            out.append(math.nan)
         else:
             want = "true, false, 0, 1 or null" if labels else "a number or null"
             raise LogFormatError(path, line, f"{name}[{j}]", v, f"must be {want}")

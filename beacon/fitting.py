@@ -41,14 +41,18 @@ at that precision.
 
 Small logs (:func:`_caps`): a prior is capped at the information in the log it was fitted on,
 ``nu0 <= N`` (N rewards used), ``alpha0 <= (N - P) / 2`` (P prompts: the log's within-prompt
-degrees of freedom, halved as a Gamma shape) and ``a0 + b0 <= N`` (keeping the fitted mean
-``a0 / (a0 + b0)``). On a few prompts the maximum-likelihood between-prompt variation is often
-zero (sampling noise, not evidence), which without the cap puts nu0, alpha0 or a0 + b0 at the
-bounds above: a prior worth 1000 rewards from a log of 4. A cap that binds is recorded in
-``fitted_on["capped"]`` (``{name: cap}``) and ``fitted_on["note"]`` names the counts (``beacon
-fit-prior`` prints it). The caps only bind where the fit would exceed them (a fit they do not
-bind is the same, bit for bit, as without them), and from about 1000 rewards on (200
-within-prompt degrees of freedom for alpha0) they are the fixed bounds.
+degrees of freedom, halved as a Gamma shape) and ``a0 + b0 <= N``. On a few prompts the
+maximum-likelihood between-prompt variation is often zero (sampling noise, not evidence), which
+without the cap puts nu0, alpha0 or a0 + b0 at the bounds above: a prior worth 1000 rewards
+from a log of 4. Where a cap binds, the NIG marginal likelihood is maximised again within the
+caps (beta0 re-optimised with them); a NIG fit by moments (chosen, or the fallback) cuts
+alpha0 to its cap keeping beta0 / alpha0, the typical within-prompt scale; a Beta fit is
+scaled down to a0 + b0 = cap, keeping the fitted mean ``a0 / (a0 + b0)`` (not a maximum
+within the cap). A cap that binds is recorded in ``fitted_on["capped"]`` (``{name: cap}``) and
+``fitted_on["note"]`` names the counts (``beacon fit-prior`` prints it, :func:`fit_prior`
+warns it). The caps only bind where the fit would exceed them (a fit they do not bind is the
+same, bit for bit, as without them). A cap is its fixed bound from 1000 rewards on for nu0,
+from 200 within-prompt degrees of freedom for alpha0, and from 20000 rewards for a0 + b0.
 
 Bernoulli and judge families: Beta(a0, b0) by beta-binomial marginal likelihood (for ``judge``
 on the win indicators 1{r > 1/2}),
@@ -74,6 +78,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +98,7 @@ from beacon.transforms import (
     _check_transform_fields,
     as_reward_array,
     check_transformed_range,
+    is_pandas_na,
     make_transform,
     register_transform,
     table_values,
@@ -103,6 +109,7 @@ if TYPE_CHECKING:
     from beacon.config import BeaconConfig
 
 __all__ = [
+    "FitNoteWarning",
     "FitResult",
     "GaussianizeTransform",
     "fit_prior",
@@ -113,6 +120,12 @@ __all__ = [
 ]
 
 FloatArray = NDArray[np.float64]
+
+
+class FitNoteWarning(UserWarning):
+    """:func:`fit_prior` fitted a prior other than the plain fit: capped at a small log's
+    counts, or fitted by moments (``fitted_on["note"]`` of :func:`fit_reward_model` says why).
+    """
 
 ALPHA0_BOUNDS = (0.5, 100.0)
 NU0_BOUNDS = (1e-3, 1000.0)
@@ -151,7 +164,7 @@ def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
                     r = _real_array(r, f"{field_name}[{i}]").tolist()
                 # an int beyond the floats is +-inf (reported below at its position, not an
                 # OverflowError); a string is a mistake, not a number to parse
-                vals = [np.nan if v is None else real_as_float(v) if is_real(v) else v
+                vals = [real_as_float(v) if is_real(v) else np.nan if _missing(v) else v
                         for v in r]
                 try:
                     if any(isinstance(v, str | bytes) for v in vals):
@@ -185,6 +198,11 @@ def reward_matrix(rewards: Any, field_name: str = "rewards") -> FloatArray:
     return out
 
 
+def _missing(v: Any) -> bool:
+    """A missing reward in a per-prompt list: None or pandas' ``pd.NA`` (NaN is a float)."""
+    return v is None or is_pandas_na(v)
+
+
 def _table_rows(table: Any, field_name: str) -> NDArray[Any] | list[Any]:
     """A pandas DataFrame (or another array-like that is no numpy array) as a numpy array, its
     missing values (``pd.NA``) as NaN; a Series of per-prompt lists as the list of its rows.
@@ -202,6 +220,10 @@ def _table_rows(table: Any, field_name: str) -> NDArray[Any] | list[Any]:
                           "must be a 2-D array (prompts x samples)") from exc
     if arr.dtype == object and arr.ndim == 1:  # a column of per-prompt lists or arrays
         return list(arr)
+    if arr.dtype == object and arr.ndim == 2:
+        # object columns (numbers mixed with pd.NA, say) are read value by value as
+        # per-prompt lists, where pd.NA is missing and a non-number an error naming its row
+        return [list(row) for row in arr]
     return arr
 
 
@@ -478,11 +500,8 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str, dict[str, f
 
     ``marginal`` falls back to ``moments`` where the marginal likelihood has no maximum (below).
     """
-    if float(np.sum(st.ss)) <= 0.0:
-        raise ConfigError(
-            "rewards", "no within-prompt variation",
-            "every prompt's rewards are identical; a normal prior cannot be fitted",
-        )
+    # sum(ss) > 0 here: _check_varies saw a prompt with two different rewards, whose squared
+    # deviations from its mean cannot both be 0, nor underflow (_check_normal_scale).
     # Fit in standardized units (centre, within-prompt scale) for conditioning; map back after.
     centre = float(np.median(st.mean))
     scale = math.sqrt(float(np.sum(st.ss)) / float(np.sum(np.maximum(st.k - 1.0, 0.0))))
@@ -503,7 +522,7 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str, dict[str, f
     else:
         theta = _max_evidence(z, np.array([mu_m, math.log(nu_m), math.log(a_m), math.log(b_m)]),
                               (NU0_BOUNDS, ALPHA0_BOUNDS))
-        if math.exp(theta[1]) > nu_hi or math.exp(theta[2]) > a_hi:
+        if _beyond(theta[1], nu_hi, NU0_BOUNDS[1]) or _beyond(theta[2], a_hi, ALPHA0_BOUNDS[1]):
             # Refitted within the caps only where they bind, so that a fit they do not bind
             # is the same, bit for bit, as without them.
             theta = _max_evidence(z, moments, ((NU0_BOUNDS[0], nu_hi), (ALPHA0_BOUNDS[0], a_hi)))
@@ -527,6 +546,13 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str, dict[str, f
     capped = _at_caps({"nu0": (nu0, nu_hi, NU0_BOUNDS[1]),
                        "alpha0": (alpha0, a_hi, ALPHA0_BOUNDS[1])})
     return prior, float(ll.sum() / st.k.sum()), method, capped
+
+
+def _beyond(log_value: float, cap: float, bound: float) -> bool:
+    """A fitted parameter (its log) above its small-log cap, where the cap is below the fixed
+    bound: at the bound itself ``exp(log(100)) > 100`` by rounding, and a refit there
+    would be needless work."""
+    return cap < bound and math.exp(log_value) > cap
 
 
 def _at_caps(fitted: dict[str, tuple[float, float, float]]) -> dict[str, float]:
@@ -1114,6 +1140,11 @@ def fit_prior(
     :func:`fit_reward_model` (which returns the transform too) or pass an already fitted
     :class:`GaussianizeTransform`; the kind name alone is refused here rather than silently
     dropping the fitted transform.
+
+    Only the prior is returned, so the fit's note (``fitted_on["note"]``: a prior capped at a
+    small log's counts, or fitted by moments) is a :class:`FitNoteWarning`; without it a
+    notebook user would not learn that the prior is weaker than the fit asked for.
+    (``beacon fit-prior`` prints the note; :func:`fit_reward_model` records it, no warning.)
     """
     if isinstance(transform, str) and transform == "gaussianize":
         raise ConfigError(
@@ -1121,5 +1152,8 @@ def fit_prior(
             "is fitted from the data: use beacon.fitting.fit_reward_model(...) to get both the "
             "prior and the transform, or pass a fitted GaussianizeTransform",
         )
-    return fit_reward_model(rewards, family, transform=transform, method=method,
-                            robust=robust).prior
+    fit = fit_reward_model(rewards, family, transform=transform, method=method, robust=robust)
+    note = fit.fitted_on.get("note")
+    if note:
+        warnings.warn(note, FitNoteWarning, stacklevel=2)
+    return fit.prior

@@ -26,6 +26,7 @@ __all__ = [
     "LogitTransform",
     "RewardTransform",
     "check_transformed_range",
+    "is_pandas_na",
     "make_transform",
     "register_transform",
     "table_values",
@@ -55,20 +56,44 @@ def check_transformed_range(raw: NDArray[np.float64], x: NDArray[np.float64], ki
 def table_values(obj: Any) -> NDArray[Any] | None:
     """A table's values (a pandas DataFrame or Series, nullable dtypes included) as floats with
     its missing values (``pd.NA``) as NaN; None for anything else or a table that is not all
-    numbers.
+    real numbers (a column of dates, durations, complex numbers, strings or lists: the caller
+    then treats it as the numpy array it is, and refuses it as it refuses such an array).
 
     ``np.asarray`` of a nullable ``Float64`` / ``Int64`` frame holding ``pd.NA`` is an object
     array that no float conversion accepts; ``to_numpy(dtype=..., na_value=nan)`` (pandas'
     own, found by duck typing so pandas is not imported) says what the missing values are.
     """
     to_numpy = getattr(obj, "to_numpy", None)
-    if isinstance(obj, np.ndarray) or not callable(to_numpy):
+    if isinstance(obj, np.ndarray) or not callable(to_numpy) or not _all_real_dtypes(obj):
         return None
     try:
         out = to_numpy(dtype=np.float64, na_value=np.nan)
     except (TypeError, ValueError):  # strings, dates, lists in cells, another to_numpy
         return None
     return out if isinstance(out, np.ndarray) else None
+
+
+def _all_real_dtypes(table: Any) -> bool:
+    """Every column of ``table`` (its ``dtypes``; a Series' is its one dtype) holds real
+    numbers: a dtype ``kind`` in ``biuf`` (pandas' nullable ``Float64`` / ``Int64`` /
+    ``boolean`` report f / i / b).
+
+    Was: ``to_numpy(dtype=float)`` converts dates and durations to nanoseconds and complex
+    numbers to their real part without a word, so a date column was fitted as rewards.
+    """
+    dtypes = getattr(table, "dtypes", None)
+    if dtypes is None:
+        return False
+    kinds = [dtypes.kind] if hasattr(dtypes, "kind") else [getattr(d, "kind", "") for d in dtypes]
+    return all(isinstance(k, str) and len(k) == 1 and k in "biuf" for k in kinds)
+
+
+def is_pandas_na(value: Any) -> bool:
+    """``value`` is pandas' missing-value scalar ``pd.NA`` (found by its type, so pandas is not
+    imported): a missing reward, like None and NaN. ``df.groupby(...)["reward"].agg(list)``
+    of a nullable ``Float64`` column holds it in the per-prompt lists."""
+    t = type(value)
+    return t.__name__ == "NAType" and t.__module__.startswith("pandas")
 
 
 def as_reward_array(rewards: ArrayLike) -> NDArray[np.float64]:

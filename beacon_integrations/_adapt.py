@@ -19,15 +19,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from beacon._checks import is_real
 from beacon._sync import call_in_thread
 from beacon.engine.protocol import (
     Generation,
+    _int_or_none,
+    _usage_tokens,
     as_reward,
     coerce_generation,
     is_batched,
@@ -301,16 +301,34 @@ def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
 
     async def generate(query: LCQuery) -> Generation:
         out = await model.ainvoke(query.model_input, config=query.config)
-        try:
-            return coerce_generation(out)
-        except TypeError:
-            # not a message or a text: a parsed output is scored as its JSON
-            parsed = _structured_generation(out)
-            if parsed is None:
-                raise
-            return parsed
+        return _lc_generation(out)
 
     return generate
+
+
+def _lc_generation(out: Any) -> Generation:
+    """A LangChain runnable's output as a sample: a text or a message first, then a parsed
+    output as its JSON (:func:`_structured_generation`), then the other shapes
+    :func:`coerce_generation` reads.
+
+    The parsed output comes before those shapes because they are found by attribute: a
+    pydantic model (or a dict-like object) with a ``text`` or ``content`` field would be read
+    as that field alone, and the scorer would never see the rest of the object. A provider
+    SDK's own response (OpenAI, Anthropic: pydantic models too) is still read as a response.
+    """
+    if isinstance(out, str | Generation):  # the common chat-model-to-text chain: no import
+        return coerce_generation(out)
+    from langchain_core.messages import BaseMessage
+
+    if isinstance(out, BaseMessage) or _sdk_response(out):
+        return coerce_generation(out)
+    parsed = _structured_generation(out)
+    return parsed if parsed is not None else coerce_generation(out)
+
+
+def _sdk_response(out: Any) -> bool:
+    """Whether ``out`` is an OpenAI or Anthropic SDK object (a response, not parsed output)."""
+    return type(out).__module__.partition(".")[0] in ("openai", "anthropic")
 
 
 def lc_scorer_runnable(scorer: Any) -> tuple[Any, bool]:
@@ -433,7 +451,8 @@ def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
             # as LLM.predict: the parser's format instructions went out with the prompt
             gen.text = parse_output(gen.text)
         if gen.input_tokens is None and gen.output_tokens is None:
-            gen.input_tokens, gen.output_tokens = _li_tokens(resp)
+            (gen.input_tokens, gen.output_tokens, gen.cache_read_tokens,
+             gen.cache_write_tokens) = _li_tokens(resp)
         return gen
 
     return generate
@@ -471,42 +490,40 @@ def li_format(llm: Any, query: LIQuery) -> bool:
     return chat
 
 
-def _count(v: Any) -> int | None:
-    """A reported token count (a finite number >= 0, not a bool), else ``None``."""
-    if isinstance(v, bool) or not is_real(v) or not 0 <= v < math.inf:
-        return None
-    return int(v)
+def _kwargs_tokens(extra: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """``(input, output)`` tokens LlamaIndex's own integrations put in a response's
+    ``additional_kwargs`` (``prompt_tokens`` / ``completion_tokens``)."""
+    return _int_or_none(extra.get("prompt_tokens")), _int_or_none(extra.get("completion_tokens"))
 
 
-def _pair(usage: Any) -> tuple[int | None, int | None]:
-    """``(input, output)`` tokens of a usage dict or object: OpenAI's ``prompt_tokens`` /
-    ``completion_tokens``, or ``input_tokens`` / ``output_tokens`` (Anthropic's, LangChain's)."""
-    def get(name: str) -> Any:
-        return usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
-
-    it, ot = _count(get("prompt_tokens")), _count(get("completion_tokens"))
-    if it is None and ot is None:
-        it, ot = _count(get("input_tokens")), _count(get("output_tokens"))
-    return it, ot
-
-
-def _li_tokens(resp: Any) -> tuple[int | None, int | None]:
-    """``(input, output)`` tokens a LlamaIndex ``CompletionResponse`` / ``ChatResponse``
-    reports (``None``: not reported).
+def _li_tokens(resp: Any) -> tuple[int | None, int | None, int | None, int | None]:
+    """``(input, output, cache_read, cache_write)`` tokens a LlamaIndex ``CompletionResponse``
+    / ``ChatResponse`` reports (``None``: not reported).
 
     LlamaIndex's LLM integrations (OpenAI, Ollama, the OpenAI-like ones...) put the counts in
     ``additional_kwargs`` as ``prompt_tokens`` / ``completion_tokens``; others leave them in
-    the provider's own response, ``raw`` (an SDK object or a dict) under ``usage``. Without
-    them a :class:`beacon.Budget` token or money cap could not bound the query.
+    the provider's own response, ``raw`` (an SDK object or a dict) under ``usage``, read as
+    the engine reads a provider's usage (:func:`beacon.engine.protocol._usage_tokens`): an
+    Anthropic usage's prompt-cache tokens count as input and are kept apart for their prices.
+    Without them a :class:`beacon.Budget` token or money cap could not bound the query.
     """
     extra = getattr(resp, "additional_kwargs", None)
     if isinstance(extra, Mapping):
-        it, ot = _pair(extra)
+        it, ot = _kwargs_tokens(extra)
         if it is not None or ot is not None:
-            return it, ot
+            return it, ot, None, None
     raw = getattr(resp, "raw", None)
     usage = raw.get("usage") if isinstance(raw, Mapping) else getattr(raw, "usage", None)
-    return (None, None) if usage is None else _pair(usage)
+    # a view holding only ``usage``: a raw dict has no attribute to read, and another
+    # attribute of an SDK object (LangChain's usage_metadata) is not what LlamaIndex returned
+    return _usage_tokens(_UsageView(usage))
+
+
+@dataclass(frozen=True)
+class _UsageView:
+    """A provider usage (a dict or an SDK object) where :func:`_usage_tokens` looks for it."""
+
+    usage: Any
 
 
 def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]]:

@@ -133,6 +133,7 @@ class _Frame:
     def __init__(self, values: Any) -> None:
         self._v = np.asarray(values, dtype=np.float64)
         self.shape = self._v.shape
+        self.dtypes = self._v.dtype  # a nullable Float64 column's kind, "f" (a Series' dtypes)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         out = self._v.astype(object)

@@ -179,11 +179,14 @@ class WarmStarter:
         self.refits[-1].error = f"{type(exc).__name__}: {exc}"
 
     def _fit(self, rows: list[list[float]]) -> BeaconConfig:
-        from beacon.fitting import fit_prior, fit_reward_model
+        from beacon.fitting import fit_reward_model
 
         if self.policy.transform is None:
-            prior = fit_prior(rows, self.base.family, transform=self.base.transform)
-            return replace(self.config, prior=prior)
+            # fit_reward_model, not fit_prior: a refit on the first few prompts is capped at
+            # what they hold (fitting's small-log caps), which fit_prior would warn about at
+            # every early refit of a running job
+            fit = fit_reward_model(rows, self.base.family, transform=self.base.transform)
+            return replace(self.config, prior=fit.prior)
         s_raw = pooled_within_sd(rows)
         if not (math.isfinite(s_raw) and s_raw > 0.0):
             raise ValueError("no prompt has two different rewards yet: the raw spread that "
