@@ -275,6 +275,14 @@ def check_input_file(path: Path, argument: str) -> None:
         usage_error(f"{str(path)!r} is a directory, not a JSONL file", argument)
 
 
+def refuse_stdout_dash(path: Path | None, option: str, stdout_hint: str = "") -> None:
+    """``-`` as a file to write is a usage error on ``option``: by convention it means stdout,
+    and writing a file named ``-`` instead hides the result where nobody looks.
+    ``stdout_hint`` says what the command offers on stdout instead, if anything."""
+    if path is not None and str(path) == "-":
+        usage_error(f"'-': this writes a file, not stdout; give a file name{stdout_hint}", option)
+
+
 def check_output_file(path: Path, option: str, stdout_hint: str = "") -> None:
     """A file the command will write at ``path``: a usage error on ``option`` now if it cannot.
 
@@ -287,8 +295,7 @@ def check_output_file(path: Path, option: str, stdout_hint: str = "") -> None:
     (as ``-o -`` used to) hides the result where nobody looks. ``stdout_hint`` says what the
     command offers on stdout instead, if anything.
     """
-    if str(path) == "-":
-        usage_error(f"'-': this writes a file, not stdout; give a file name{stdout_hint}", option)
+    refuse_stdout_dash(path, option, stdout_hint)
     if path.is_dir():
         usage_error(f"{str(path)!r} is a directory; give a file name in it", option)
     missing: list[Path] = []
@@ -347,7 +354,9 @@ def load_log(path: Path) -> LoggedRewards:
             )
         hint = _run_output_hint(path, exc)
         if hint is not None:
-            fail(f"{exc}; {hint}")
+            # for a repeated id the hint replaces the log error's advice ("merge the lines'
+            # samples"), which is wrong for two results of beacon run
+            fail(f"{path}:{exc.line}: {hint}" if exc.field == "id" else f"{exc}; {hint}")
         if exc.line == 1:
             document = _json_document(path)
             if document is not None:

@@ -44,6 +44,7 @@ from beacon.cli.common import (
     options_for,
     out_console,
     print_notes,
+    refuse_stdout_dash,
     resolve_prior_and_transform,
     usage_error,
 )
@@ -345,6 +346,8 @@ def _job_spec(options: Mapping[str, Any]) -> JobSpec:
 
 
 def _check_outputs(prompts: Path, out: Path, dpo: Path | None) -> None:
+    refuse_stdout_dash(out, "--out")
+    refuse_stdout_dash(dpo, "--dpo")
     paths = [p.resolve() for p in (prompts, out, *([dpo] if dpo else []))]
     if len(set(paths)) != len(paths):
         usage_error("PROMPTS, --out and --dpo must be three different files", "--out")
@@ -360,6 +363,7 @@ def _check_outputs(prompts: Path, out: Path, dpo: Path | None) -> None:
 
 def _check_collect_files(out: Path, dpo: Path | None) -> None:
     for path, option in ((out, "--out"), (dpo, "--dpo")):
+        refuse_stdout_dash(path, option)
         if path is not None and path.is_dir():
             usage_error(f"{str(path)!r} is a directory; give a JSONL file path", option)
     if dpo is not None and dpo.resolve() == out.resolve():
@@ -403,14 +407,23 @@ def _factory_option(role: str, fs: FactorySpec, exc: ConfigError) -> str:
     return f"--{role}"
 
 
-def _check_demo_family(scorer: Any, family: str) -> None:
+def _check_demo_family(scorer: Any, family: str, prompts: Any) -> None:
     """The offline demo reward model with a family its rewards do not fit: a usage error on
     ``--family`` before any prompt runs. Its rewards are continuous draws (any real number),
     which the bernoulli family (0/1) and the judge family (probabilities in [0, 1]) refuse:
-    every prompt failed, one by one, with a reward error."""
+    every prompt failed, one by one, with a reward error.
+
+    Only when some prompt of the file uses the job's scorer: a file whose every line names
+    its own scorer (``"scorer": "beacon.demo:verifier"``) runs. The file is read up to its
+    first such prompt (the first line, for a file without overrides)."""
     from beacon.demo import DemoScorer
+    from beacon.jobs.spec import PromptRecord, iter_prompt_file
 
     if isinstance(scorer, DemoScorer) and family not in DemoScorer.families:
+        if isinstance(prompts, str | Path) and not any(
+            isinstance(r, PromptRecord) and r.scorer is None for r in iter_prompt_file(prompts)
+        ):
+            return
         usage_error(
             f"{family!r}: beacon.demo:scorer gives continuous rewards, which only the normal "
             "family takes; use --family normal, or for 0/1 rewards --scorer "
@@ -457,7 +470,7 @@ async def _run_local(
             except ConfigError as exc:
                 option_error(exc, _factory_option(role, fs, exc))
             if role == "scorer":
-                _check_demo_family(built, spec.config.family)
+                _check_demo_family(built, spec.config.family, prompts)
         return await arun_job(prompts, spec, out, allowed=allowed,
                               call_concurrency=call_concurrency, executor=ex, **kwargs)
     finally:

@@ -619,12 +619,14 @@ def deploy_lines(
     cf = res.crossfit
     assert cf is not None
     fam = res.config.family
+    fits_whole = True
     if whole is not None:
         try:
             whole.for_family(fam)
             data = whole
         except ConfigError:
-            pass  # unlabelled prompts (bernoulli) that --min-samples left out: fit those kept
+            # unlabelled prompts (bernoulli) that --min-samples left out: fit those kept
+            fits_whole = False
     log_arg = shlex.quote(str(logged))
     opts = "" if fam == "normal" else f" --family {fam}"
     if cf.transform != "none":
@@ -638,11 +640,16 @@ def deploy_lines(
         else:
             fit = fit_reward_model(data.for_family(fam).rewards, fam, transform=tr)
     model_cost = res.choice.cost * fit.within_scale
-    cli_opts = opts
+    # replay --prior fit defaults to gaussianize for the normal family (fit-prior to none):
+    # the re-check must name a tuned "none", or it replays another variant
+    cli_opts = opts + (" --transform none" if fam == "normal" and cf.transform == "none" else "")
     lines = [
         "To deploy it, fit the prior (and transform) on the whole log:",
         f"  beacon fit-prior {log_arg}{opts} -o prior.json",
     ]
+    if not fits_whole:
+        lines[0] = ("To deploy it, fit the prior on the log's prompts that have labels (leave "
+                    "the others out of a copy of the log first; fit-prior refuses them):")
     if fam == "normal":
         lines.append(
             f"  and use cost = c x within_scale = {res.choice.cost:.4g} x {fit.within_scale:.4g}"
