@@ -370,18 +370,20 @@ def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dic
     workers, which drop it (nothing runs for a gone job)."""
     n = 0
     batch: list[tuple[str, dict[str, Any]]] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= CHUNK:
-            store.check_exists(job_id)
-            send(job_id, batch, queue)
-            store.mark_sent(job_id, queue)
-            n, batch = n + len(batch), []
-    if batch:
+
+    def flush() -> None:
+        nonlocal n, batch
         store.check_exists(job_id)
         send(job_id, batch, queue)
         store.mark_sent(job_id, queue)
-        n += len(batch)
+        n, batch = n + len(batch), []  # a new list: ``send`` may keep the one it was given
+
+    for item in items:
+        batch.append(item)
+        if len(batch) >= CHUNK:
+            flush()
+    if batch:
+        flush()
     return n
 
 

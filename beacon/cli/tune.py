@@ -559,39 +559,38 @@ def range_lines(results: list[TuneResult]) -> list[str]:
     ]
 
 
+def _tuned_settings(horizon: int | None, batch_size: int, robust: bool) -> list[tuple[str, str]]:
+    """``(replay option, BeaconConfig keyword)`` of each setting ``tune`` was told to use
+    that the commands it prints must repeat: the recommended ``c`` was chosen at them, and the
+    defaults (horizon 32, batch 1, robust) would stop elsewhere. Only those the user gave (or
+    that differ from the defaults)."""
+    out = []
+    if horizon is not None:
+        out.append((f"--horizon {horizon}", f"horizon={horizon}"))
+    if batch_size != 1:
+        out.append((f"--batch-size {batch_size}", f"batch_size={batch_size}"))
+    if not robust:
+        out.append(("--no-robust", "robust=False"))
+    return out
+
+
 def replay_options(
     horizon: int | None, min_samples: int | None, batch_size: int, robust: bool
 ) -> str:
     """The options of ``tune`` other than the prior's that change what ``replay`` computes,
     as ``replay`` takes them (`` --horizon 6 --batch-size 2``), for the re-check command:
     without them it would replay another horizon or batch size than the one tuned and print
-    other numbers. Only the options the user gave (or that differ from replay's defaults) are
-    spelled out."""
-    opts = ""
-    if horizon is not None:
-        opts += f" --horizon {horizon}"
+    other numbers (:func:`_tuned_settings`, and ``--min-samples``)."""
+    settings = _tuned_settings(horizon, batch_size, robust)
     if min_samples is not None:
-        opts += f" --min-samples {min_samples}"
-    if batch_size != 1:
-        opts += f" --batch-size {batch_size}"
-    if not robust:
-        opts += " --no-robust"
-    return opts
+        settings.insert(1 if horizon is not None else 0, (f"--min-samples {min_samples}", ""))
+    return "".join(f" {option}" for option, _ in settings)
 
 
 def config_options(horizon: int | None, batch_size: int, robust: bool) -> str:
-    """The ``BeaconConfig`` fields that ``tune`` was told to use and the deploy hint must
-    repeat (``, horizon=6, batch_size=2, robust=False``): the recommended ``c`` was chosen at
-    them, and the config's defaults (horizon 32, batch 1, robust) would stop elsewhere. Only
-    those the user gave (or that differ from the defaults) are spelled out."""
-    opts = ""
-    if horizon is not None:
-        opts += f", horizon={horizon}"
-    if batch_size != 1:
-        opts += f", batch_size={batch_size}"
-    if not robust:
-        opts += ", robust=False"
-    return opts
+    """The ``BeaconConfig`` fields of :func:`_tuned_settings` for the deploy hint
+    (``, horizon=6, batch_size=2, robust=False``)."""
+    return "".join(f", {kw}" for _, kw in _tuned_settings(horizon, batch_size, robust))
 
 
 def deploy_lines(
