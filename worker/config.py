@@ -35,6 +35,7 @@ BEACON_SWEEP_GRACE             a job is checked only when its last tasks were se
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -94,6 +95,10 @@ def _num(env: Mapping[str, str], name: str, default: float, *, integer: bool = F
     except ValueError:
         raise ConfigError(name, raw, "must be an integer" if integer else "must be a number") \
             from None
+    if not math.isfinite(v):
+        # float() takes "inf": a time limit or backoff cap would reach int() or a thread's
+        # wait() and crash the worker's start with an OverflowError naming no variable.
+        raise ConfigError(name, raw, "must be a finite number")
     if not v >= minimum:
         raise ConfigError(name, raw, f"must be >= {minimum}")
     return v

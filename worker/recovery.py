@@ -14,6 +14,9 @@ only prompts missing from both scans and still pending after the second are rese
 sent messages in the last ``grace`` seconds are skipped (a submission may be between
 registering its prompts and sending them). A false positive costs one duplicate run, never a
 duplicate result: tasks are idempotent and the first stored result wins (:mod:`worker.state`).
+Every resend goes through the per-prompt send claims of :meth:`JobStore.claim_sends`, with the
+moment just before the broker scans as ``since``: a prompt that a submission (or another check)
+sent, or is sending, after that moment is not sent a second time, though the scans missed it.
 
 Memory. A job may have a million prompts, each registered with its full prompt text. The check
 never holds more than one chunk (``CHUNK``) of prompt records: the job's prompts are read
@@ -310,6 +313,9 @@ def requeue_lost_jobs(
             "only be found on a Redis broker (AMQP brokers redeliver unacknowledged messages "
             "themselves); use force to resend every pending prompt")
     queues = sorted(set().union(*(qs for _, qs, _ in checked.values())))
+    # Before the broker is read: a prompt sent after this may be missing from the scans, and
+    # is left to its sender (JobStore.claim_sends); one sent before is in them unless lost.
+    since = store.now_us()
     with read_broker(broker_url) as r:
         # Twice, ``settle`` apart: a message moving between a queue and ``unacked`` is in
         # neither for milliseconds, but never in neither at both scans.
@@ -333,7 +339,7 @@ def requeue_lost_jobs(
                     yield k, p
 
         try:
-            n_lost = _send_in_chunks(store, job_id, lost(), queue, send)
+            n_lost = _send_in_chunks(store, job_id, lost(), queue, send, since=since)
         except UnknownJobError:
             # Purged (or expired) since it was read above: nothing more is sent, and the
             # job is left out as unknown. A chunk that went out just before the purge is
@@ -360,11 +366,13 @@ def _distinct(items: Iterable[tuple[str, dict[str, Any]]]
 
 
 def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dict[str, Any]]],
-                    queue: str, send: Send) -> int:
+                    queue: str, send: Send, *, since: int) -> int:
     """Send ``items`` ``CHUNK`` at a time (each chunk's records are all that is held);
-    returns how many were sent. Before each chunk the job must still exist, and the chunk is
-    stamped once it went out (a failed send is no send: the sweeper's grace period must not
-    skip the job for it); both raise :class:`~worker.state.UnknownJobError`, writing and
+    returns how many were sent. Each chunk is first claimed (:meth:`JobStore.claim_sends`
+    with ``since``, which also checks that the job still exists): only its claimed prompts are
+    sent, those another sender sent or is sending are left to it. The chunk is stamped once it
+    went out (a failed send is no send: the sweeper's grace period must not skip the job for
+    it). The claim and the stamp raise :class:`~worker.state.UnknownJobError`, writing and
     sending nothing more, once the job is gone (purged or expired meanwhile): a send must
     not bring a job back. A purge landing during a chunk's send leaves that chunk to the
     workers, which drop it (nothing runs for a gone job)."""
@@ -373,10 +381,23 @@ def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dic
 
     def flush() -> None:
         nonlocal n, batch
-        store.check_exists(job_id)
-        send(job_id, batch, queue)
+        token, claimed = store.claim_sends(job_id, [k for k, _ in batch], since=since)
+        mine = set(claimed)
+        todo = [item for item in batch if item[0] in mine]
+        batch = []  # a new list: ``send`` may keep the one it was given
+        if not todo:
+            return
+        try:
+            send(job_id, todo, queue)
+        except BaseException:
+            # Part of the chunk may have gone out: stamped as sent, a later check looks for it
+            # in the broker. Redis away: the claims lapse after SEND_LEASE by themselves.
+            with contextlib.suppress(redis.exceptions.RedisError):
+                store.finish_sends(job_id, token, claimed)
+            raise
+        store.finish_sends(job_id, token, claimed)
         store.mark_sent(job_id, queue)
-        n, batch = n + len(batch), []  # a new list: ``send`` may keep the one it was given
+        n += len(todo)
 
     for item in items:
         batch.append(item)
@@ -402,7 +423,8 @@ def requeue_lost(
     ``send(job_id, [(key, payload)], queue)`` sends the tasks (:func:`worker.tasks.resend`),
     ``CHUNK`` prompts at most per call. ``force`` skips the broker inspection and the grace
     period and resends every pending prompt (for brokers that cannot be inspected; duplicates
-    are harmless but cost a run).
+    are harmless but cost a run) but those another sender sent or claimed since the call
+    began (:meth:`JobStore.claim_sends`).
     Raises :class:`~worker.state.UnknownJobError` for a job the store does not know (or no
     longer knows when the lost prompts are about to be sent: purged meanwhile),
     :class:`BrokerUnreachableError` when the broker cannot be read; what ``send`` raises
@@ -410,12 +432,20 @@ def requeue_lost(
     store's redis ``ConnectionError`` / ``TimeoutError`` pass through.
     """
     if force:
+        since = store.now_us()  # prompts sent after this are their sender's (claim_sends)
         queue = store.meta(job_id).get("queue", "")
         if not queue:
             n = sum(1 for _ in _distinct(store.unfinished(job_id)))
             return RequeueResult(job_id, n, 0, "job has no recorded queue" if n else "finished")
-        n = _send_in_chunks(store, job_id, _distinct(store.unfinished(job_id)), queue, send)
-        return RequeueResult(job_id, n, n, "" if n else "finished")
+        read = [0]
+
+        def counted() -> Iterator[tuple[str, dict[str, Any]]]:
+            for item in _distinct(store.unfinished(job_id)):
+                read[0] += 1
+                yield item
+
+        sent = _send_in_chunks(store, job_id, counted(), queue, send, since=since)
+        return RequeueResult(job_id, read[0], sent, "" if read[0] else "finished")
     res = requeue_lost_jobs(store, [job_id], broker_url=broker_url, send=send, grace=grace,
                             settle=settle)
     if job_id not in res:

@@ -2,7 +2,7 @@
 
 Keys (``P`` = ``BEACON_KEY_PREFIX``, ``J`` = job id), all expiring together ``BEACON_JOB_TTL``
 after the job's last activity -- its creation, a registration of prompts, a send of tasks, the
-start of a run, a stored outcome: each of these refreshes the expiry of all five ``P:job:J:*``
+start of a run, a stored outcome: each of these refreshes the expiry of all six ``P:job:J:*``
 keys in the round trip that does it, so a job never loses part of its state (its results while
 its meta lives on, or its meta while its prompts still run):
 
@@ -16,6 +16,9 @@ its meta lives on, or its meta while its prompts still run):
 * ``P:job:J:errors``  hash: prompt key -> ``{"record": error line}`` (failed prompts, bad lines)
 * ``P:job:J:runs``    hash: prompt key -> runs of it started and not ended; what is left above
   zero counts runs cut off by the death of their worker process (``BEACON_MAX_LOST_RUNS``)
+* ``P:job:J:sends``   hash: prompt key -> when its task was last sent, in microseconds of the
+  state store's clock (``TIME``), followed by ``:token`` while a sender holds the prompt's send
+  claim (:meth:`JobStore.claim_sends`: claimed, not yet sent)
 * ``P:jobs``          set of job ids that may still have pending prompts (what the lost-message
   sweeper of :mod:`worker.recovery` visits; a job leaves it once finished)
 * ``P:store-id``      a random id naming this state store (never expires): submitters put it,
@@ -24,7 +27,17 @@ its meta lives on, or its meta while its prompts still run):
 
 Writes are idempotent: a result is stored with ``HSETNX`` (the first delivery wins; a redelivered
 or retried task finds it and does nothing) and removes the key from ``errors`` in the same Lua
-script, so a retried failure that later succeeds is counted once. ``done`` = HLEN results,
+script, so a retried failure that later succeeds is counted once.
+
+Sends are claimed per prompt (:meth:`JobStore.claim_sends`, one script per chunk): two senders
+of one job -- two ``beacon submit`` of the same file at once, a submission and the lost-message
+sweeper or ``status --requeue-lost`` -- never both send a prompt's task, so it is not run, and
+paid for, twice. A sender reads what is in the broker at some moment ``since`` and then claims
+the prompts it found missing: a prompt is claimable when it was never sent, when it was last sent
+before ``since`` (its message was in the broker by then, so missing from the broker means lost),
+or when its claim is older than ``SEND_LEASE`` seconds (its sender died between the claim and the
+send: the claim must not keep a lost prompt unsent for ever). A prompt claimed or sent after
+``since`` is left to that sender. ``done`` = HLEN results,
 ``failed`` = HLEN errors, ``pending`` = total - done - failed. ``beacon collect`` copies results
 and errors to local JSONL files through :class:`~beacon.jobs.output.KeyedJsonlWriter`, which never
 writes a key twice: that is the tier's idempotent fan-in writer.
@@ -49,12 +62,18 @@ __all__ = ["CollectResult", "JobStatus", "JobStore", "UnknownJobError", "collect
 # Every key of the job (JobStore._job_keys, in that order): any activity on a job keeps all
 # of it BEACON_JOB_TTL longer. EXPIRE of a key that does not exist (purged, or not written
 # yet) does nothing.
-_JOB_PARTS = ("results", "errors", "meta", "prompts", "runs")
+_JOB_PARTS = ("results", "errors", "meta", "prompts", "runs", "sends")
+
+# Seconds a send claim (JobStore.claim_sends) holds its prompts: longer than sending one chunk
+# of tasks takes (500 messages, well under a second on a live broker), so a live sender is never
+# overtaken; short next to the sweeper's grace period (BEACON_SWEEP_GRACE, 60 s), so the prompts
+# of a sender that died after claiming are resent by the next sweep or resubmission.
+SEND_LEASE = 30.0
 
 
 def _touch_job(ttl_arg: int) -> str:
-    """Lua refreshing the expiry of KEYS[1..5] to ARGV[ttl_arg] seconds."""
-    return f"\nfor i = 1, 5 do redis.call('EXPIRE', KEYS[i], ARGV[{ttl_arg}]) end\n"
+    """Lua refreshing the expiry of KEYS[1..6] (every key of the job) to ARGV[ttl_arg] s."""
+    return f"\nfor i = 1, 6 do redis.call('EXPIRE', KEYS[i], ARGV[{ttl_arg}]) end\n"
 
 
 # KEYS: the job's keys; ARGV: prompt key, payload, ttl, end_run ("1": the run that computed the
@@ -117,8 +136,58 @@ return n
 _MARK_SENT = _JOB_GONE + """
 redis.call('HSET', KEYS[3], 'queue', ARGV[1], 'queue:' .. ARGV[1], '1', 'sent', ARGV[2])
 """ + _touch_job(3) + """
-redis.call('SADD', KEYS[6], ARGV[4])
+redis.call('SADD', KEYS[7], ARGV[4])
 return 1
+"""
+
+# The state store's clock in microseconds, as a string of digits (a Lua number of ~1.7e15 is
+# exact, but Lua 5.1 would print it in exponent form).
+_NOW_US = """
+local t = redis.call('TIME')
+local now_s = t[1] .. string.format('%06d', tonumber(t[2]))
+local now = tonumber(now_s)
+"""
+
+# KEYS: the job's keys; ARGV: ttl, since (us), lease (us), token, then prompt keys
+# (JobStore.claim_sends). Returns -1 when the job is gone, else the 1-based positions of the
+# keys claimed. A sends entry is "<us>" (sent then) or "<us>:<token>" (claimed then, not sent).
+_CLAIM_SENDS = _JOB_GONE + _NOW_US + """
+local since, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
+local mine = now_s .. ':' .. ARGV[4]
+local out = {}
+for i = 5, #ARGV do
+  local v = redis.call('HGET', KEYS[6], ARGV[i])
+  local free = true
+  if v then
+    local at, tok = string.match(v, '^(%d+):?(.*)$')
+    at = tonumber(at)
+    if at == nil then free = true
+    elseif tok ~= '' then free = now - at > lease
+    else free = at < since end
+  end
+  if free then
+    redis.call('HSET', KEYS[6], ARGV[i], mine)
+    out[#out + 1] = i - 4
+  end
+end
+""" + _touch_job(1) + """
+return out
+"""
+
+# KEYS: the job's keys; ARGV: ttl, token, then prompt keys (JobStore.finish_sends). Each key
+# whose claim is still this token's is stamped sent now; -1 when the job is gone (nothing is
+# written: a send must not bring a purged job back).
+_FINISH_SENDS = _JOB_GONE + _NOW_US + """
+local n = 0
+for i = 3, #ARGV do
+  local v = redis.call('HGET', KEYS[6], ARGV[i])
+  if v and string.match(v, ':(.*)$') == ARGV[2] then
+    redis.call('HSET', KEYS[6], ARGV[i], now_s)
+    n = n + 1
+  end
+end
+""" + _touch_job(1) + """
+return n
 """
 
 _STORE_ERROR = _JOB_GONE + _END_RUN_IN_STORE + """
@@ -178,6 +247,8 @@ class JobStore:
         self._begin_run = self.r.register_script(_BEGIN_RUN)
         self._mark_sent = self.r.register_script(_MARK_SENT)
         self._add_prompts = self.r.register_script(_ADD_PROMPTS)
+        self._claim_sends = self.r.register_script(_CLAIM_SENDS)
+        self._finish_sends = self.r.register_script(_FINISH_SENDS)
 
     @classmethod
     def from_settings(cls, settings: Any) -> JobStore:
@@ -264,6 +335,39 @@ class JobStore:
             keys=[*self._job_keys(job_id), self._jobs_key],
             args=[queue, repr(time.time()), self.ttl, job_id],
         ))
+
+    def now_us(self) -> int:
+        """The state store's clock (``TIME``), in microseconds since the epoch: the ``since``
+        of :meth:`claim_sends` (one clock for every submitter and worker, whatever theirs)."""
+        sec, usec = self.r.time()
+        return int(sec) * 1_000_000 + int(usec)
+
+    def claim_sends(self, job_id: str, keys: list[str], *, since: int) -> tuple[str, list[str]]:
+        """Claim the sending of the tasks of ``keys``; returns the claim's token and the keys
+        claimed, in the order given. The others are another sender's: claimed less than
+        ``SEND_LEASE`` seconds ago, or sent at or after ``since`` (:meth:`now_us`, read before
+        the caller looked for the job's messages in the broker, so a message sent after it may
+        have been missed). Send the claimed tasks, then call :meth:`finish_sends` (also when
+        the send fails: a half-sent chunk may be in the broker). One round trip; raises
+        :class:`UnknownJobError`, claiming nothing, when the job is gone."""
+        token = uuid.uuid4().hex[:16]
+        if not keys:
+            self.check_exists(job_id)
+            return token, []
+        reply = self._claim_sends(
+            keys=self._job_keys(job_id),
+            args=[self.ttl, since, int(SEND_LEASE * 1_000_000), token, *keys])
+        if not isinstance(reply, list):
+            raise UnknownJobError(job_id)
+        return token, [keys[int(i) - 1] for i in reply]
+
+    def finish_sends(self, job_id: str, token: str, keys: list[str]) -> int:
+        """Stamp ``keys`` claimed under ``token`` (:meth:`claim_sends`) as sent now; returns how
+        many still held that claim (one whose lease ran out may have been taken over). Nothing
+        is written for a job that is gone (purged while its tasks were sent): returns -1."""
+        if not keys:
+            return 0
+        return int(self._finish_sends(keys=self._job_keys(job_id), args=[self.ttl, token, *keys]))
 
     @staticmethod
     def sent_queues(meta: dict[str, str]) -> set[str]:

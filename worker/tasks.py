@@ -640,7 +640,8 @@ class SubmitResult:
     ``bad_lines``: distinct bad input lines, recorded as errors at submission (each lists every
     line number it occurs on); ``duplicates``: input lines repeating a prompt or a bad line seen
     earlier in the input (not sent again); ``queued``: prompts of a resubmitted job whose task
-    is still waiting in the broker or running (not sent again); ``total``: the job's prompts."""
+    is still waiting in the broker or running, or that a concurrent submission of the job (or
+    a sweep) sent or is sending (not sent again); ``total``: the job's prompts."""
 
     job_id: str
     total: int
@@ -696,11 +697,14 @@ def submit_job(
     sends only prompts without an outcome yet (and failed ones when ``retry_failed``; they are
     pending again until their retry ends): use it to resume after a broker was lost. On a
     Redis broker, prompts whose task is still queued or running, in any queue the job was sent
-    to, are not sent again (``queued``). Bad input lines are stored as errors right away.
+    to, are not sent again (``queued``). Each prompt's send is claimed first
+    (:meth:`JobStore.claim_sends`): two submissions of one job at once, or a submission and the
+    lost-message sweeper, send each prompt once (and retry a failed one once), not once each.
+    Bad input lines are stored as errors right away.
     Raises :class:`BrokerUnavailableError` when the broker cannot be reached (checked before
     the job is registered; later, when it goes away while tasks are sent or, on a
     resubmission, while its queues are read), :class:`~worker.state.UnknownJobError` when the
-    job is purged while it is being submitted (at the next send's stamp, which refuses it).
+    job is purged while it is being submitted (at the next send's claim or stamp, which refuse it).
     """
     _check_submit_args(items, spec, job_id, input_digest, source, retry_failed, chunk, store,
                        queue)
@@ -713,6 +717,10 @@ def submit_job(
     # Before anything is registered: a submission to an unreachable broker leaves no job behind
     # (the workers' sweeper would otherwise send a job its submitter was told had failed).
     _check_broker()
+    # Read before the job and its queues are: a prompt that a concurrent submission of the job
+    # (or a sweep) sends after this moment may be missing from what is read below, and is
+    # left to that sender (JobStore.claim_sends).
+    since = st.now_us()
     try:
         prior_queues = st.sent_queues(st.meta(job_id))
         resubmitted = True
@@ -734,8 +742,40 @@ def submit_job(
     enqueued = already = queued = 0
     batch: list[tuple[str, dict[str, Any], int | None]] = []
 
+    def send_claimed(part: list[tuple[tuple[str, dict[str, Any], int | None], bool]]) -> None:
+        """Claim, then send, the tasks of ``part`` (``(item, has_error)``, 500 at most: the
+        time a claim is held is that of one group's send)."""
+        nonlocal enqueued, queued
+        token, claimed = st.claim_sends(job_id, [item[0] for item, _ in part], since=since)
+        mine = set(claimed)
+        todo = [(item, has_err) for item, has_err in part if item[0] in mine]
+        queued += len(part) - len(todo)  # another sender's: queued, or about to be
+        if not todo:
+            return
+        from kombu.exceptions import OperationalError
+
+        # Failed prompts sent again are pending until their retry stores an outcome (or
+        # the job would read as finished while they run: --wait, the sweeper and
+        # collect --purge would not wait for them). Before sending: a fast retry's own
+        # error must not be the one removed. Only the claimed ones: another sender's retry
+        # may have stored its error already.
+        st.reopen(job_id, [item[0] for item, has_err in todo if has_err])
+        try:
+            _send_tasks(st, job_id, spec_ref, target, [item for item, _ in todo])
+        except BaseException as exc:
+            # Part of the group may have gone out: stamped as sent, a later submission or
+            # sweep looks for it in the broker. Redis away: the claims lapse by themselves.
+            with contextlib.suppress(redis.exceptions.RedisError):
+                st.finish_sends(job_id, token, claimed)
+            if isinstance(exc, OperationalError):
+                raise BrokerUnavailableError(_broker_label(), exc, job_id=job_id,
+                                             sent=enqueued) from None
+            raise
+        st.finish_sends(job_id, token, claimed)
+        enqueued += len(todo)
+
     def flush() -> None:
-        nonlocal enqueued, already, queued
+        nonlocal already, queued
         if not batch:
             return
         # Stamped before registering too: the lost-message sweeper leaves alone a job whose
@@ -749,26 +789,14 @@ def submit_job(
         already += len(batch) - len(todo)
         try:
             # A failed prompt is sent again on retry_failed even if a stale message is around.
-            fresh = [item for item, has_err in todo
+            fresh = [(item, has_err) for item, has_err in todo
                      if has_err or item[0] not in in_broker()]
         except BrokerUnreachableError as exc:  # its queues could not be read: chunk not sent
             raise BrokerUnavailableError(_broker_label(), exc.cause, job_id=job_id,
                                          sent=enqueued) from None
         queued += len(todo) - len(fresh)
-        if fresh:
-            from kombu.exceptions import OperationalError
-
-            # Failed prompts sent again are pending until their retry stores an outcome (or
-            # the job would read as finished while they run: --wait, the sweeper and
-            # collect --purge would not wait for them). Before sending: a fast retry's own
-            # error must not be the one removed.
-            st.reopen(job_id, [item[0] for item, has_err in todo if has_err])
-            try:
-                _send_tasks(st, job_id, spec_ref, target, fresh)
-            except OperationalError as exc:
-                raise BrokerUnavailableError(_broker_label(), exc, job_id=job_id,
-                                             sent=enqueued) from None
-            enqueued += len(fresh)
+        for i in range(0, len(fresh), 500):
+            send_claimed(fresh[i:i + 500])
         batch.clear()
 
     # Bad lines are stored once the input is read: one error per distinct line, every number.
