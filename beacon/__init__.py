@@ -34,9 +34,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from beacon.budget import Budget, cost_from_price
-    from beacon.engine import BatchScorer, BeaconSampler, Generation
+    from beacon.engine import BatchScorer, BeaconSampler, Generation, Score
     from beacon.events import BeaconEvent, DecisionEvent, Observer, SampleEvent
     from beacon.fitting import (
+        FitNoteWarning,
         FitResult,
         GaussianizeTransform,
         fit_prior,
@@ -54,6 +55,7 @@ _LAZY = {
     "BatchScorer": "beacon.engine",
     "BeaconSampler": "beacon.engine",
     "Generation": "beacon.engine",
+    "Score": "beacon.engine",
     "BeaconEvent": "beacon.events",
     "DecisionEvent": "beacon.events",
     "Observer": "beacon.events",
@@ -70,6 +72,7 @@ _LAZY = {
     "fit_reward_model": "beacon.fitting",
     "load_fit": "beacon.fitting",
     "FitResult": "beacon.fitting",
+    "FitNoteWarning": "beacon.fitting",
     "GaussianizeTransform": "beacon.fitting",
 }
 
@@ -127,12 +130,14 @@ __all__ = [  # noqa: RUF022 - grouped: core names, then lazily loaded ones
     "Observer",
     "RetryPolicy",
     "SampleEvent",
+    "Score",
     "TransientError",
     "Usage",
     "cost_from_price",
     "fit_prior",
     "fit_reward_model",
     "FitResult",
+    "FitNoteWarning",
     "load_fit",
     "is_retryable",
 ]

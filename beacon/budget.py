@@ -21,7 +21,8 @@ __all__ = ["Budget", "BudgetNotEnforcedWarning", "cost_from_price"]
 class BudgetNotEnforcedWarning(UserWarning):
     """A :class:`Budget` cap met a model response that reports nothing it can count.
 
-    ``max_tokens`` needs token counts (``Generation.input_tokens`` / ``output_tokens``);
+    ``max_tokens`` needs token counts (``Generation.input_tokens`` / ``output_tokens``, or a
+    scorer's ``Score.input_tokens`` / ``output_tokens``);
     ``max_cost`` needs a reported ``Generation.cost`` or, for a response that reports tokens,
     the budget's per-token prices. Issued once per sampler and cap; each result lists the caps
     it could not enforce in ``BeaconResult.budget_unenforced``.
@@ -44,17 +45,25 @@ class Budget:
 
     Attributes:
         max_tokens: input + output tokens reported by the model, summed over the query's calls
-            (input tokens read from or written to a prompt cache included: they are processed).
-        max_cost: money (currency of the prices) spent on the query.
+            (input tokens read from or written to a prompt cache included: they are processed),
+            plus those a scorer reports for its own model calls (an LLM judge returning
+            :class:`~beacon.engine.protocol.Score`).
+        max_cost: money (currency of the prices) spent on the query, the scorer's reported (or
+            priced) money included.
         max_seconds: wall-clock seconds from the query's start (queueing included; a
             sampler's one-off load of the decision data before its first query excluded).
         price_per_input_token / price_per_output_token: money per token, used to price a
-            generation that reports tokens but no cost of its own.
+            generation (or a scorer's ``Score``) that reports tokens but no cost of its own.
         price_per_cache_read_token / price_per_cache_write_token: money per input token read
             from / written to the provider's prompt cache (Anthropic bills them at about 0.1x
             and 1.25x the input price); ``None``: priced as input tokens. Used where a
             response reports its cache tokens (``Generation.cache_read_tokens`` /
             ``cache_write_tokens``, which are part of its ``input_tokens``).
+        price_per_cache_write_1h_token: money per input token written to the cache with a
+            1-hour lifetime (Anthropic bills them at 2x the input price, the 5-minute writes
+            at 1.25x); used for the part of the writes a response reports as such
+            (``Generation.cache_write_1h_tokens``). ``None``: priced as the other writes
+            (``price_per_cache_write_token``, else as input tokens).
 
     The token and money caps are checked whenever a sample finishes: the sample that crosses a
     cap is kept (it was paid for), the others in flight are cancelled. The time cap is a
@@ -75,6 +84,7 @@ class Budget:
     price_per_output_token: float = 0.0
     price_per_cache_read_token: float | None = None
     price_per_cache_write_token: float | None = None
+    price_per_cache_write_1h_token: float | None = None
 
     def __post_init__(self) -> None:
         mt = self.max_tokens
@@ -86,7 +96,8 @@ class Budget:
                                ("price_per_input_token", False),
                                ("price_per_output_token", False),
                                ("price_per_cache_read_token", False),
-                               ("price_per_cache_write_token", False)):
+                               ("price_per_cache_write_token", False),
+                               ("price_per_cache_write_1h_token", False)):
             object.__setattr__(
                 self, name, _check_nonneg(name, getattr(self, name), positive=positive)
             )
@@ -94,14 +105,18 @@ class Budget:
     def price(
         self, input_tokens: int | None, output_tokens: int | None,
         cache_read_tokens: int | None = None, cache_write_tokens: int | None = None,
+        cache_write_1h_tokens: int | None = None,
     ) -> float | None:
         """Money for a call reporting these tokens; ``None`` when no price or no tokens.
 
-        ``cache_read_tokens`` / ``cache_write_tokens`` are part of ``input_tokens``: each is
-        priced at its own price where one is set, and otherwise as an input token.
+        ``cache_read_tokens`` / ``cache_write_tokens`` are part of ``input_tokens``, and
+        ``cache_write_1h_tokens`` part of ``cache_write_tokens``: each is priced at its own
+        price where one is set (1-hour writes otherwise as the other writes), and otherwise as
+        an input token.
         """
         pr, pw = self.price_per_cache_read_token, self.price_per_cache_write_token
-        if not (self.price_per_input_token or self.price_per_output_token or pr or pw):
+        p1h = self.price_per_cache_write_1h_token
+        if not (self.price_per_input_token or self.price_per_output_token or pr or pw or p1h):
             return None
         if input_tokens is None and output_tokens is None:
             return None
@@ -110,9 +125,14 @@ class Budget:
         if pr is not None and cache_read_tokens:
             money += cache_read_tokens * pr
             uncached -= cache_read_tokens
-        if pw is not None and cache_write_tokens:
-            money += cache_write_tokens * pw
-            uncached -= cache_write_tokens
+        writes = cache_write_tokens or 0
+        if p1h is not None and cache_write_1h_tokens:
+            money += cache_write_1h_tokens * p1h
+            uncached -= cache_write_1h_tokens
+            writes -= cache_write_1h_tokens
+        if pw is not None and writes:
+            money += writes * pw
+            uncached -= writes
         return money + uncached * self.price_per_input_token + (
             output_tokens or 0
         ) * self.price_per_output_token
@@ -138,7 +158,7 @@ class Budget:
         """
         if input_tokens is None and (
             self.price_per_input_token or self.price_per_cache_read_token
-            or self.price_per_cache_write_token
+            or self.price_per_cache_write_token or self.price_per_cache_write_1h_token
         ):
             return "input"
         if self.price_per_output_token and output_tokens is None:
@@ -176,7 +196,8 @@ class Budget:
             "price_per_input_token": self.price_per_input_token,
             "price_per_output_token": self.price_per_output_token,
         }
-        for name in ("price_per_cache_read_token", "price_per_cache_write_token"):
+        for name in ("price_per_cache_read_token", "price_per_cache_write_token",
+                     "price_per_cache_write_1h_token"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out

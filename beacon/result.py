@@ -90,10 +90,24 @@ class Usage:
         input_tokens: prompt tokens reported by the model, those read from or written to a
             prompt cache included; ``None`` when the model never reported.
         output_tokens: completion tokens reported by the model; ``None`` likewise.
-        cost: money reported by the model or priced by the :class:`~beacon.budget.Budget`
-            (same currency as the prices); ``None`` when unknown.
+        cost: money of the whole sample or query -- the model's, reported or priced by the
+            :class:`~beacon.budget.Budget` (same currency as the prices), plus the scorer's
+            ``score_cost`` -- ``None`` when unknown.
         wall_seconds: elapsed wall-clock seconds (per sample: generate + score, retries and
             backoff included; per query: from start to result).
+        cache_read_tokens / cache_write_tokens: how many of ``input_tokens`` the model reported
+            as read from / written to its prompt cache (``Generation.cache_read_tokens`` /
+            ``cache_write_tokens``); ``None`` when never reported.
+        cache_write_1h_tokens: the part of ``cache_write_tokens`` written with a 1-hour
+            lifetime (billed apart); ``None`` likewise.
+        score_input_tokens / score_output_tokens: tokens the scorer reported for its own
+            model calls (an LLM judge returning :class:`~beacon.engine.protocol.Score`);
+            ``None`` when it never reported. Kept apart from the model's ``input_tokens`` /
+            ``output_tokens``, which stay the policy model's tokens per sample (what
+            :func:`~beacon.budget.cost_from_price` calibrates ``c`` from); ``total_tokens``
+            and the budget's ``max_tokens`` count both.
+        score_cost: the scorer's money (reported, or priced by the budget from its tokens),
+            a part of ``cost``; ``None`` when unknown.
     """
 
     model_calls: int = 0
@@ -105,6 +119,12 @@ class Usage:
     output_tokens: int | None = None
     cost: float | None = None
     wall_seconds: float = 0.0
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
+    score_input_tokens: int | None = None
+    score_output_tokens: int | None = None
+    score_cost: float | None = None
 
     @property
     def calls(self) -> int:
@@ -113,14 +133,40 @@ class Usage:
 
     @property
     def total_tokens(self) -> int:
-        """Reported input + output tokens (0 when none reported)."""
-        return (self.input_tokens or 0) + (self.output_tokens or 0)
+        """Reported input + output tokens of the model and of the scorer (0 when none)."""
+        return ((self.input_tokens or 0) + (self.output_tokens or 0)
+                + (self.score_input_tokens or 0) + (self.score_output_tokens or 0))
 
     def add_tokens(self, input_tokens: int | None, output_tokens: int | None) -> None:
+        """Add the model's input / output tokens (``None``: not reported, nothing added)."""
         if input_tokens is not None:
             self.input_tokens = (self.input_tokens or 0) + int(input_tokens)
         if output_tokens is not None:
             self.output_tokens = (self.output_tokens or 0) + int(output_tokens)
+
+    def add_cache(self, read: int | None, write: int | None, write_1h: int | None) -> None:
+        """Add the model's cache read / write / 1-hour write tokens (parts of its input)."""
+        if read is not None:
+            self.cache_read_tokens = (self.cache_read_tokens or 0) + int(read)
+        if write is not None:
+            self.cache_write_tokens = (self.cache_write_tokens or 0) + int(write)
+        if write_1h is not None:
+            self.cache_write_1h_tokens = (self.cache_write_1h_tokens or 0) + int(write_1h)
+
+    def add_score(self, input_tokens: int | None, output_tokens: int | None,
+                  cost: float | None) -> None:
+        """Add the scorer's tokens and money (its money counted in ``cost`` too)."""
+        self._add_score_parts(input_tokens, output_tokens, cost)
+        self.add_cost(cost)
+
+    def _add_score_parts(self, input_tokens: int | None, output_tokens: int | None,
+                         cost: float | None) -> None:
+        if input_tokens is not None:
+            self.score_input_tokens = (self.score_input_tokens or 0) + int(input_tokens)
+        if output_tokens is not None:
+            self.score_output_tokens = (self.score_output_tokens or 0) + int(output_tokens)
+        if cost is not None:
+            self.score_cost = (self.score_cost or 0.0) + float(cost)
 
     def add_cost(self, cost: float | None) -> None:
         if cost is not None:
@@ -135,6 +181,16 @@ class Usage:
         self.cancelled += other.cancelled
         self.add_tokens(other.input_tokens, other.output_tokens)
         self.add_cost(other.cost)
+        # the rarely reported parts: one test each for the common sample that has none
+        if (other.cache_read_tokens is not None or other.cache_write_tokens is not None
+                or other.cache_write_1h_tokens is not None):
+            self.add_cache(other.cache_read_tokens, other.cache_write_tokens,
+                           other.cache_write_1h_tokens)
+        if (other.score_input_tokens is not None or other.score_output_tokens is not None
+                or other.score_cost is not None):
+            # its score_cost is a part of its cost, added above
+            self._add_score_parts(other.score_input_tokens, other.score_output_tokens,
+                                  other.score_cost)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,11 +204,18 @@ class Usage:
             "output_tokens": self.output_tokens,
             "cost": _json_float(self.cost),
             "wall_seconds": float(self.wall_seconds),
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "cache_write_1h_tokens": self.cache_write_1h_tokens,
+            "score_input_tokens": self.score_input_tokens,
+            "score_output_tokens": self.score_output_tokens,
+            "score_cost": _json_float(self.score_cost),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, field: str = "usage") -> Usage:
-        """Inverse of :meth:`to_dict` (``calls``, derived, is ignored); a missing counter is 0.
+        """Inverse of :meth:`to_dict` (``calls``, derived, is ignored); a missing counter is 0,
+        a missing token count or cost ``None`` (a dict written before a field existed reads).
 
         A value of the wrong kind (a negative or fractional count, a NaN cost...) is a
         :class:`beacon.ConfigError` naming it (``field`` prefixes the names).
@@ -162,9 +225,12 @@ class Usage:
         for name in ("model_calls", "score_calls", "failed_calls", "retries", "cancelled"):
             if name in d:
                 setattr(u, name, _count_field(f"{field}.{name}", d[name]))
-        for name in ("input_tokens", "output_tokens"):
+        for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+                     "cache_write_1h_tokens", "score_input_tokens", "score_output_tokens"):
             setattr(u, name, _count_field(f"{field}.{name}", d.get(name), optional=True))
         u.cost = _float_field(f"{field}.cost", d.get("cost"), optional=True, nonneg=True)
+        u.score_cost = _float_field(f"{field}.score_cost", d.get("score_cost"), optional=True,
+                                    nonneg=True)
         u.wall_seconds = _float_field(
             f"{field}.wall_seconds", d.get("wall_seconds", 0.0), nonneg=True
         ) or 0.0

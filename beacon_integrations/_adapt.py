@@ -26,8 +26,11 @@ from typing import Any
 from beacon._sync import call_in_thread
 from beacon.engine.protocol import (
     Generation,
+    Score,
+    _consistent,
+    _Counts,
     _int_or_none,
-    _usage_tokens,
+    _usage_counts,
     as_reward,
     coerce_generation,
     is_batched,
@@ -367,7 +370,10 @@ class _LCScore:
     """Engine scorer calling a LangChain runnable under the query's config.
 
     Returns the runnable's outputs as they are (batched: one per response, counted by the
-    engine); the engine makes each one a reward with :meth:`as_reward`.
+    engine); the engine makes each one a reward with :meth:`as_reward`. A message that
+    reports its tokens (an LLM judge's ``AIMessage`` with ``usage_metadata``) is returned as a
+    :class:`beacon.Score` holding it, so that the judge's tokens count in the query's usage
+    and budget (:func:`_judged`).
     """
 
     as_reward = staticmethod(to_reward)
@@ -379,7 +385,22 @@ class _LCScore:
     async def __call__(self, query: LCQuery, response: Any) -> Any:
         key = "responses" if self.batched else "response"
         value = list(response) if self.batched else response
-        return await self.runnable.ainvoke({"prompt": query.text, key: value}, config=query.config)
+        out = await self.runnable.ainvoke({"prompt": query.text, key: value}, config=query.config)
+        return out if self.batched else _judged(out)
+
+
+def _judged(out: Any) -> Any:
+    """A judge's message that reports its tokens (``usage_metadata``, as LangChain chat models
+    give it; read as the engine reads a model's, prompt-cache split included) as a
+    :class:`beacon.Score` holding the message, whose reward :func:`to_reward` then reads from
+    its text. Anything else as it is: a chain ending in a parser (``| StrOutputParser()``)
+    has dropped the message and its usage; such a scorer can return a ``Score`` itself."""
+    if not isinstance(getattr(out, "usage_metadata", None), Mapping):
+        return out
+    it, ot, read, write, h1 = _consistent(_usage_counts(out))
+    if it is None and ot is None:
+        return out
+    return Score(out, it, ot, None, read, write, h1)
 
 
 def lc_score(scorer: Any) -> _LCScore:
@@ -428,7 +449,7 @@ def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
     formatting gets the template formatted plainly (or ``query.prompt``). The prompt is
     formatted once per query (:func:`li_format`; at its first sample if the caller has not)
     and reused by every sample; each sample gets its own copy of a message list. The tokens
-    a response reports (see :func:`_li_tokens`) are the sample's usage, so that a budget's
+    a response reports (see :func:`_li_counts`) are the sample's usage, so that a budget's
     token and money caps hold. An LLM with an ``output_parser`` has its reply parsed by it,
     as ``predict`` does (the format instructions it added to the prompt ask for that form):
     the sample's text is ``str(output_parser.parse(reply))``, and a reply it cannot parse
@@ -452,7 +473,7 @@ def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
             gen.text = parse_output(gen.text)
         if gen.input_tokens is None and gen.output_tokens is None:
             (gen.input_tokens, gen.output_tokens, gen.cache_read_tokens,
-             gen.cache_write_tokens) = _li_tokens(resp)
+             gen.cache_write_tokens, gen.cache_write_1h_tokens) = _li_counts(resp)
         return gen
 
     return generate
@@ -498,30 +519,37 @@ def _kwargs_tokens(extra: Mapping[str, Any]) -> tuple[int | None, int | None]:
 
 def _li_tokens(resp: Any) -> tuple[int | None, int | None, int | None, int | None]:
     """``(input, output, cache_read, cache_write)`` tokens a LlamaIndex ``CompletionResponse``
-    / ``ChatResponse`` reports (``None``: not reported).
+    / ``ChatResponse`` reports: :func:`_li_counts` without the 1-hour part of the writes."""
+    return _li_counts(resp)[:4]
+
+
+def _li_counts(resp: Any) -> _Counts:
+    """``(input, output, cache_read, cache_write, cache_write_1h)`` tokens a LlamaIndex
+    ``CompletionResponse`` / ``ChatResponse`` reports (``None``: not reported).
 
     LlamaIndex's LLM integrations (OpenAI, Ollama, the OpenAI-like ones...) put the counts in
     ``additional_kwargs`` as ``prompt_tokens`` / ``completion_tokens``; others leave them in
     the provider's own response, ``raw`` (an SDK object or a dict) under ``usage``, read as
-    the engine reads a provider's usage (:func:`beacon.engine.protocol._usage_tokens`): an
-    Anthropic usage's prompt-cache tokens count as input and are kept apart for their prices.
+    the engine reads a provider's usage (:func:`beacon.engine.protocol._usage_counts`): an
+    Anthropic usage's prompt-cache tokens count as input and are kept apart for their prices
+    (its 1-hour cache writes too); a split that does not fit in the total is dropped.
     Without them a :class:`beacon.Budget` token or money cap could not bound the query.
     """
     extra = getattr(resp, "additional_kwargs", None)
     if isinstance(extra, Mapping):
         it, ot = _kwargs_tokens(extra)
         if it is not None or ot is not None:
-            return it, ot, None, None
+            return it, ot, None, None, None
     raw = getattr(resp, "raw", None)
     usage = raw.get("usage") if isinstance(raw, Mapping) else getattr(raw, "usage", None)
     # a view holding only ``usage``: a raw dict has no attribute to read, and another
     # attribute of an SDK object (LangChain's usage_metadata) is not what LlamaIndex returned
-    return _usage_tokens(_UsageView(usage))
+    return _consistent(_usage_counts(_UsageView(usage)))
 
 
 @dataclass(frozen=True)
 class _UsageView:
-    """A provider usage (a dict or an SDK object) where :func:`_usage_tokens` looks for it."""
+    """A provider usage (a dict or an SDK object) where :func:`_usage_counts` looks for it."""
 
     usage: Any
 

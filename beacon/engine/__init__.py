@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
-from beacon.engine.protocol import BatchScorer, Generation, coerce_generation
+from beacon.engine.protocol import BatchScorer, Generation, Score, coerce_generation
 from beacon.engine.sampler import BeaconSampler
 from beacon.errors import ConfigTypeError
 
-__all__ = ["BatchScorer", "BeaconSampler", "ConfigTypeError", "Generation", "coerce_generation"]
+__all__ = [
+    "BatchScorer", "BeaconSampler", "ConfigTypeError", "Generation", "Score", "coerce_generation",
+]

@@ -49,6 +49,7 @@ __all__ = [
     "GenerateFn",
     "GenerateLike",
     "Generation",
+    "Score",
     "ScoreFn",
     "ScoreLike",
     "SupportsAcomplete",
@@ -82,6 +83,10 @@ class Generation:
             written to the provider's prompt cache, if reported. They are billed at their own
             rates, which a :class:`~beacon.budget.Budget` may set
             (``price_per_cache_read_token`` / ``price_per_cache_write_token``).
+        cache_write_1h_tokens: how many of ``cache_write_tokens`` were written with a 1-hour
+            lifetime (Anthropic's ``cache_creation.ephemeral_1h_input_tokens``), if reported;
+            Anthropic bills them at 2x the input price, 5-minute writes at 1.25x
+            (``Budget.price_per_cache_write_1h_token``).
     """
 
     text: str
@@ -91,6 +96,7 @@ class Generation:
     raw: Any = field(default=None, repr=False, compare=False)
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Checked here because a budget trusts these numbers: a NaN cost would never reach a
@@ -98,33 +104,94 @@ class Generation:
         # fails that sample (reported on the candidate) and the query goes on.
         if not isinstance(self.text, str):
             raise TypeError(f"Generation.text must be a str, got {type(self.text).__name__}")
-        self._check_counts("input_tokens", "output_tokens")
-        if self.cache_read_tokens is not None or self.cache_write_tokens is not None:
-            self._check_cache()  # apart: no cost per sample where none is reported
-        c = self.cost
-        if c is not None:
-            if not is_real(c) or not 0 <= c < math.inf:
-                raise ConfigError("Generation.cost", c, "must be a finite number >= 0 or None")
-            self.cost = float(c)
+        _check_spend(self, "Generation")
 
-    def _check_counts(self, *names: str) -> None:
-        """Each token count of ``names`` is None or an integer >= 0 (stored as ``int``)."""
-        for name in names:
-            v = getattr(self, name)
-            if v is not None:
-                if not is_integer(v) or v < 0:
-                    raise ConfigError(f"Generation.{name}", v, "must be an integer >= 0 or None")
-                setattr(self, name, int(v))
 
-    def _check_cache(self) -> None:
-        self._check_counts("cache_read_tokens", "cache_write_tokens")
-        cached = (self.cache_read_tokens or 0) + (self.cache_write_tokens or 0)
-        if cached and (self.input_tokens is None or cached > self.input_tokens):
-            # a part of input_tokens: a cache count beyond it would be priced twice
-            raise ConfigError(
-                "Generation.input_tokens", self.input_tokens,
-                f"must include the {cached} cache read/write tokens reported",
-            )
+def _check_spend(obj: Generation | Score, owner: str) -> None:
+    """Check (and store as plain numbers) the token counts and cost of ``obj``: counts
+    integers >= 0 or None, the cache counts parts of ``input_tokens``, the cost a finite number
+    >= 0 or None. ``owner`` names the class in the :class:`beacon.ConfigError`."""
+    _check_counts(obj, owner, "input_tokens", "output_tokens")
+    if (obj.cache_read_tokens is not None or obj.cache_write_tokens is not None
+            or obj.cache_write_1h_tokens is not None):
+        _check_cache(obj, owner)  # apart: no cost per sample where none is reported
+    c = obj.cost
+    if c is not None:
+        if not is_real(c) or not 0 <= c < math.inf:
+            raise ConfigError(f"{owner}.cost", c, "must be a finite number >= 0 or None")
+        obj.cost = float(c)
+
+
+def _check_counts(obj: Any, owner: str, *names: str) -> None:
+    """Each token count of ``names`` is None or an integer >= 0 (stored as ``int``)."""
+    for name in names:
+        v = getattr(obj, name)
+        if v is not None:
+            if not is_integer(v) or v < 0:
+                raise ConfigError(f"{owner}.{name}", v, "must be an integer >= 0 or None")
+            setattr(obj, name, int(v))
+
+
+def _check_cache(obj: Generation | Score, owner: str) -> None:
+    _check_counts(obj, owner, "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens")
+    h1 = obj.cache_write_1h_tokens
+    if h1 and (obj.cache_write_tokens is None or h1 > obj.cache_write_tokens):
+        # a part of the writes: a 1-hour count beyond them would be priced twice
+        raise ConfigError(
+            f"{owner}.cache_write_tokens", obj.cache_write_tokens,
+            f"must include the {h1} 1-hour cache write tokens reported",
+        )
+    cached = (obj.cache_read_tokens or 0) + (obj.cache_write_tokens or 0)
+    if cached and (obj.input_tokens is None or cached > obj.input_tokens):
+        # a part of input_tokens: a cache count beyond it would be priced twice
+        raise ConfigError(
+            f"{owner}.input_tokens", obj.input_tokens,
+            f"must include the {cached} cache read/write tokens reported",
+        )
+
+
+@dataclass(slots=True)
+class Score:
+    """A reward with what the scorer spent computing it: an LLM judge's tokens and money.
+
+    A scorer may return a ``Score`` in place of a bare reward (a batched one, in place of any
+    of its rewards), so that the tokens and money of its own model calls are counted in the
+    sample's and the query's :class:`~beacon.result.Usage` (``score_input_tokens``,
+    ``score_output_tokens``, ``score_cost``) and by the :class:`~beacon.budget.Budget` caps
+    (``max_tokens``, ``max_cost``). A judge that scores a whole batch in one call may put the
+    call's spend on one of the batch's values, or share it out. A bare number costs nothing.
+
+    Attributes:
+        reward: the reward, made one by the scorer's rule as a bare value is (a real number, a
+            bool; for the LangChain / LlamaIndex adapters also a numeric string or message).
+        input_tokens / output_tokens: tokens the scorer's model calls billed for this value
+            (``input_tokens`` counting any read from or written to a prompt cache).
+        cost: money for them (the budget's currency); ``None``: priced by the budget's
+            per-token prices from the token counts, as a model response is.
+        cache_read_tokens / cache_write_tokens / cache_write_1h_tokens: the cache parts of
+            ``input_tokens`` (and the 1-hour part of the writes), as on :class:`Generation`,
+            for the budget's cache prices.
+
+    The counts and cost are checked as a :class:`Generation`'s are: a bad one is a
+    :class:`beacon.ConfigError` naming it, raised from the scorer call (the sample fails).
+    """
+
+    reward: Any
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost: float | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_spend(self, "Score")
+
+    @property
+    def reports(self) -> bool:
+        """Whether any token count or cost is reported (``Score(x)`` alone reports none)."""
+        return (self.input_tokens is not None or self.output_tokens is not None
+                or self.cost is not None)
 
 
 class BatchScorer:
@@ -275,19 +342,22 @@ def _response_text(text: str, out: Any) -> str:
     return _calls_json(calls) if calls else text
 
 
-_Tokens: TypeAlias = tuple[int | None, int | None, int | None, int | None]
+_Counts: TypeAlias = tuple[int | None, int | None, int | None, int | None, int | None]
 
 
-def _usage_tokens(out: Any) -> _Tokens:
-    """``(input, output, cache_read, cache_write)`` tokens a response reports (``None``: not
-    reported), ``input`` counting every prompt token processed, cached ones included.
+def _usage_counts(out: Any) -> _Counts:
+    """``(input, output, cache_read, cache_write, cache_write_1h)`` tokens a response reports
+    (``None``: not reported), ``input`` counting every prompt token processed, cached ones
+    included, and ``cache_write_1h`` the part of ``cache_write`` written with a 1-hour lifetime.
 
     * LangChain's ``usage_metadata``: ``input_tokens`` already includes the cache, whose part
-      is in ``input_token_details`` (``cache_read`` / ``cache_creation``).
+      is in ``input_token_details`` (``cache_read`` / ``cache_creation``; langchain-anthropic
+      copies Anthropic's TTL split there as ``ephemeral_1h_input_tokens``).
     * The Anthropic SDK's ``usage``: ``input_tokens`` are only the uncached ones; the tokens
       read from and written to the cache (``cache_read_input_tokens`` /
       ``cache_creation_input_tokens``) are added to them (the model processed them, and they
-      are billed).
+      are billed). ``cache_creation.ephemeral_1h_input_tokens`` is the 1-hour part of the
+      writes (billed at 2x the input price, 5-minute writes at 1.25x).
     * The OpenAI SDK's ``usage``: ``prompt_tokens`` (``input_tokens`` for the Responses API)
       includes the cached ones (``prompt_tokens_details`` / ``input_tokens_details``
       ``.cached_tokens``, reads).
@@ -297,25 +367,27 @@ def _usage_tokens(out: Any) -> _Tokens:
     if not langchain:
         usage = getattr(out, "usage", None)
     if usage is None:
-        return None, None, None, None
+        return None, None, None, None, None
     get = _getter(usage)
     it, ot = get("input_tokens"), get("output_tokens")
     if it is None and ot is None:  # OpenAI Chat Completions
         read = _getter(get("prompt_tokens_details"))("cached_tokens")
         return (_int_or_none(get("prompt_tokens")), _int_or_none(get("completion_tokens")),
-                _int_or_none(read), None)
+                _int_or_none(read), None, None)
     it, ot = _int_or_none(it), _int_or_none(ot)
     if langchain:
         details = _getter(usage.get("input_token_details"))
-        return it, ot, _int_or_none(details("cache_read")), _int_or_none(
-            details("cache_creation")
-        )
+        return (it, ot, _int_or_none(details("cache_read")),
+                _int_or_none(details("cache_creation")),
+                _int_or_none(details("ephemeral_1h_input_tokens")))
     read = _int_or_none(get("cache_read_input_tokens"))
     write = _int_or_none(get("cache_creation_input_tokens"))
     if read is not None or write is not None:  # Anthropic: not in its input_tokens
-        return (it or 0) + (read or 0) + (write or 0), ot, read, write
+        h1 = _int_or_none(_getter(get("cache_creation"))("ephemeral_1h_input_tokens"))
+        return (it or 0) + (read or 0) + (write or 0), ot, read, write, h1
     # OpenAI's Responses API: input_tokens includes its cached ones
-    return it, ot, _int_or_none(_getter(get("input_tokens_details"))("cached_tokens")), None
+    return (it, ot, _int_or_none(_getter(get("input_tokens_details"))("cached_tokens")),
+            None, None)
 
 
 def _getter(obj: Any) -> Callable[[str], Any]:
@@ -332,12 +404,22 @@ def _none(name: str) -> None:
     return None
 
 
+def _consistent(counts: _Counts) -> _Counts:
+    """``counts`` (:func:`_usage_counts`) with a cache split that does not fit in its total
+    dropped: the total stands, unsplit (priced as input tokens, or the writes at the one
+    write price), rather than failing a paid call or pricing tokens twice."""
+    it, ot, read, write, h1 = counts
+    if it is None or (read or 0) + (write or 0) > it:
+        return it, ot, None, None, None
+    if h1 is not None and (write is None or h1 > write):
+        return it, ot, read, write, None
+    return counts
+
+
 def _generation(text: str, out: Any) -> Generation:
     """A :class:`Generation` of ``text`` with the usage ``out`` reports (kept as ``raw``)."""
-    it, ot, read, write = _usage_tokens(out)
-    if it is None or (read or 0) + (write or 0) > it:
-        read = write = None  # inconsistent details: the total stands, unsplit
-    return Generation(text, it, ot, None, out, read, write)
+    it, ot, read, write, h1 = _consistent(_usage_counts(out))
+    return Generation(text, it, ot, None, out, read, write, h1)
 
 
 def coerce_generation(out: Any) -> Generation:

@@ -25,7 +25,7 @@ from typing import Any
 from beacon.budget import Budget, BudgetNotEnforcedWarning
 from beacon.config import BeaconConfig
 from beacon.engine.calls import CallGuard, cancel_and_wait, guarded_call
-from beacon.engine.protocol import GenerateFn, ScoreFn
+from beacon.engine.protocol import GenerateFn, Score, ScoreFn
 from beacon.errors import RewardError
 from beacon.events import DecisionEvent, Observer, SampleEvent, emit
 from beacon.result import _UNENFORCEABLE, BeaconResult, Candidate, Usage
@@ -293,12 +293,16 @@ class QueryRun:
             )
             cand.text, cand.raw = gen.text, gen.raw
             cand.usage.add_tokens(gen.input_tokens, gen.output_tokens)
+            if gen.cache_read_tokens is not None or gen.cache_write_tokens is not None:
+                cand.usage.add_cache(gen.cache_read_tokens, gen.cache_write_tokens,
+                                     gen.cache_write_1h_tokens)
             cost = gen.cost
             if ctx.budget is not None:
                 priced = cost is None
                 if priced:
                     cost = ctx.budget.price(gen.input_tokens, gen.output_tokens,
-                                            gen.cache_read_tokens, gen.cache_write_tokens)
+                                            gen.cache_read_tokens, gen.cache_write_tokens,
+                                            gen.cache_write_1h_tokens)
                 for cap in ctx.budget.unmeasured(gen.input_tokens, gen.output_tokens, cost,
                                                  priced=priced):
                     self._unenforced(cap, gen.input_tokens, gen.output_tokens)
@@ -307,30 +311,55 @@ class QueryRun:
                 rewards = await guarded_call(
                     ctx.score_guard, ctx.score, (self.prompt, [gen.text]), cand.usage, model=False
                 )
-                cand.reward = ctx.reward(rewards[0], cand.index)
+                r = rewards[0]
+                if type(r) is not float and isinstance(r, Score):  # a bare float: no more
+                    r = self._score_spend(r, cand.usage)
+                cand.reward = ctx.reward(r, cand.index)
         except Exception as exc:
             cand.failed, cand.error = True, _err(exc)
         finally:
             cand.usage.wall_seconds = time.perf_counter() - t0
 
-    def _unenforced(self, cap: str, input_tokens: int | None, output_tokens: int | None) -> None:
+    def _score_spend(self, s: Score, *usages: Usage) -> Any:
+        """Count what a scorer's :class:`Score` reports in ``usages`` (its money priced by the
+        budget where it reports tokens only) and return its reward value.
+
+        A ``Score`` that reports tokens or money is a paid call: like a model response, it
+        escapes a cap it reports nothing for (``budget_unenforced``). ``Score(x)`` alone
+        reports nothing and is a bare reward."""
+        if s.reports:
+            cost = s.cost
+            b = self.ctx.budget
+            if b is not None:
+                priced = cost is None
+                if priced:
+                    cost = b.price(s.input_tokens, s.output_tokens, s.cache_read_tokens,
+                                   s.cache_write_tokens, s.cache_write_1h_tokens)
+                for cap in b.unmeasured(s.input_tokens, s.output_tokens, cost, priced=priced):
+                    self._unenforced(cap, s.input_tokens, s.output_tokens, who="a scorer's Score")
+            for u in usages:
+                u.add_score(s.input_tokens, s.output_tokens, cost)
+        return s.reward
+
+    def _unenforced(self, cap: str, input_tokens: int | None, output_tokens: int | None,
+                    who: str = "a model response") -> None:
         """A response escaped ``cap`` (it reports nothing, or too little, that the cap counts):
-        note it, with the first such response's reason."""
+        note it, with the first such response's reason (``who``: what reported it)."""
         if cap in self.unenforced:
             return
         b = self.ctx.budget
         assert b is not None
         if cap == "max_tokens":
-            why = "a model response reported no token counts"
+            why = f"{who} reported no token counts"
         elif (input_tokens is not None or output_tokens is not None) and (
             side := b.unpriced_side(input_tokens, output_tokens)
         ) is not None:
-            why = (f"a model response reported no cost and no {side} token count for "
+            why = (f"{who} reported no cost and no {side} token count for "
                    f"price_per_{side}_token to price (its money was counted only in part)")
         elif b.price_per_input_token or b.price_per_output_token:
-            why = "a model response reported neither a cost nor token counts to price"
+            why = f"{who} reported neither a cost nor token counts to price"
         else:
-            why = ("a model response reported no cost and the budget sets no "
+            why = (f"{who} reported no cost and the budget sets no "
                    "price_per_input_token / price_per_output_token")
         self.unenforced[cap] = why
 
@@ -373,6 +402,9 @@ class QueryRun:
             rewards = call.result()
             for c, r in zip(ok, rewards, strict=True):
                 try:
+                    if type(r) is not float and isinstance(r, Score):
+                        # the sample's usage is already in the query's: count it in both
+                        r = self._score_spend(r, c.usage, self.usage)
                     c.reward = ctx.reward(r, c.index)
                 except Exception as exc:  # this sample's value only: the others stand
                     c.failed, c.error = True, _err(exc)

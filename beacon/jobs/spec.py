@@ -482,7 +482,7 @@ def iter_prompt_file(path: str | Path) -> Iterator[PromptRecord | LineError]:
 _RETRY_KEYS = ("max_attempts", "base_delay", "max_delay", "max_retry_after")
 _BUDGET_KEYS = ("max_tokens", "max_cost", "max_seconds", "price_per_input_token",
                 "price_per_output_token", "price_per_cache_read_token",
-                "price_per_cache_write_token")
+                "price_per_cache_write_token", "price_per_cache_write_1h_token")
 _SAMPLING_KEYS = ("timeout", *_RETRY_KEYS, *_BUDGET_KEYS)
 
 
@@ -497,7 +497,8 @@ class JobSpec:
     seconds; a longer one fails the call), and the per-query :class:`beacon.budget.Budget` caps
     ``max_tokens``, ``max_cost`` (money), ``max_seconds`` (wall time) with
     ``price_per_input_token`` / ``price_per_output_token`` and, for a provider with a prompt
-    cache, ``price_per_cache_read_token`` / ``price_per_cache_write_token``. Unset ones take
+    cache, ``price_per_cache_read_token`` / ``price_per_cache_write_token`` (and
+    ``price_per_cache_write_1h_token`` for 1-hour cache writes). Unset ones take
     the engine's defaults (``RetryPolicy()``'s: 3 attempts, 0.5 s, 10 s, 60 s) and are left out
     of the key.
     ``keep_candidates``: write every candidate with its reward to the output (formatting only;

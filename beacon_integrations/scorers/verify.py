@@ -10,12 +10,13 @@ BEACON Algorithm".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from beacon.engine.protocol import _maybe_await, is_batched, make_score, reward_rule
+from beacon.engine.protocol import Score, _maybe_await, is_batched, make_score, reward_rule
 from beacon.errors import ConfigError, RewardError
 from beacon_integrations import import_extra
 
@@ -172,7 +173,9 @@ class CorrectnessAdjusted:
     number or a bool; :func:`beacon.engine.protocol.reward_rule`): an invalid one (a string,
     ``None``) is a :class:`beacon.RewardError` naming the value, and that response is not
     verified. In a batch such an error -- or one the scorer or the verifier gives for one
-    response -- is returned in that response's place, so it fails that sample alone.
+    response -- is returned in that response's place, so it fails that sample alone. A
+    :class:`beacon.Score` from the scorer (an LLM judge reporting its tokens and money) is
+    returned as that ``Score`` with its reward adjusted, so its spend is still counted.
     """
 
     def __init__(self, scorer: Any, verifier: Any) -> None:
@@ -193,7 +196,10 @@ class CorrectnessAdjusted:
             return None if out is None else bool(out)
         return bool(await _maybe_await(self.verifier(prompt, text)))
 
-    async def _adjusted(self, prompt: Any, r: Any, text: str) -> float:
+    async def _adjusted(self, prompt: Any, r: Any, text: str) -> float | Score:
+        if isinstance(r, Score):
+            # an LLM judge's spend stays with its adjusted reward (the engine counts it)
+            return dataclasses.replace(r, reward=await self._adjusted(prompt, r.reward, text))
         if isinstance(r, Exception):  # the scorer's own error for this response
             raise r
         try:
