@@ -12,6 +12,10 @@ Logged rewards
     extra fields are ignored. :func:`load_logged` turns a file into :class:`LoggedRewards`: a
     prompts x samples float array in which missing samples (``null``/NaN) are dropped and each
     row is left-aligned (so column ``j`` is the j-th *available* sample) and padded with NaN.
+    In a file a missing sample is ``null``: the non-standard literals ``NaN`` and ``Infinity``
+    (which Python's ``json`` reads) are refused, naming the line and the reward's index; NaN
+    marks a missing sample only in records built in Python (:func:`logged_from_records`), whose
+    rewards may also be numpy scalars, ``Fraction`` or finite ``Decimal`` values.
 
 Metrics (all means are over prompts)
     * average samples used ``E[K]``;
@@ -55,6 +59,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -436,9 +441,33 @@ def _pad(rows: Sequence[Any], fill: float = np.nan, dtype: Any = np.float64) -> 
     return out
 
 
+def _real_of(v: Any) -> float | None:
+    """``v`` as a float when it is a real number: a Python or numpy one (not a boolean), a
+    ``fractions.Fraction``, or a ``decimal.Decimal`` (a record built from a database column);
+    None otherwise. A non-finite Decimal is NaN or +-inf (a signalling NaN cannot be
+    converted by ``float``), an int beyond the float range +-inf: the caller refuses both."""
+    if is_real(v):
+        return real_as_float(v)
+    if isinstance(v, Decimal):
+        if v.is_nan():
+            return math.nan
+        return float(v)  # +-inf for Decimal('Infinity') and beyond the float range
+    return None
+
+
 def _parse_number_list(
-    obj: Any, name: str, path: str | None, line: int | None, labels: bool
+    obj: Any,
+    name: str,
+    path: str | None,
+    line: int | None,
+    labels: bool,
+    nan_is_missing: bool = True,
 ) -> list[float]:
+    """The numbers of one record's ``rewards`` (``labels=False``) or ``correct`` list; None is
+    a missing sample (NaN). A NaN reward is missing too in records built in Python
+    (``nan_is_missing``, numpy's marker); in a JSONL file (``load_logged``) it is the
+    non-standard literal ``NaN``, refused with ``Infinity``: a log writes null for a missing
+    sample, and a NaN score is a scorer's failure, not an absent sample."""
     if isinstance(obj, tuple) or (isinstance(obj, np.ndarray) and obj.ndim == 1):
         obj = list(obj)  # records built in Python (logged_from_records), not parsed from JSON
     elif not isinstance(obj, list | np.ndarray):
@@ -454,12 +483,14 @@ def _parse_number_list(
     for j, v in enumerate(obj):
         if v is None:
             out.append(math.nan)
-        elif labels and (isinstance(v, bool | np.bool_) or (is_real(v) and v in (0, 1))):
+        elif labels and (isinstance(v, bool | np.bool_) or _real_of(v) in (0.0, 1.0)):
             out.append(1.0 if v else 0.0)
-        elif not labels and is_real(v):  # numpy scalars count as numbers, booleans do not
-            fv = real_as_float(v)
-            if math.isinf(fv):
-                raise LogFormatError(path, line, f"{name}[{j}]", v, "rewards must be finite")
+        elif not labels and (fv := _real_of(v)) is not None:  # numpy scalars, not booleans
+            if math.isinf(fv) or (math.isnan(fv) and not (nan_is_missing and is_real(v))):
+                raise LogFormatError(
+                    path, line, f"{name}[{j}]", v,
+                    "rewards must be finite (null marks a missing sample)",
+                )  # fmt: skip
             out.append(fv)
         elif is_pandas_na(v):  # pd.NA in a list built from a pandas column: null
             out.append(math.nan)
@@ -472,7 +503,9 @@ def _parse_number_list(
 _Row = tuple[str, list[float], list[float] | None, list[int]]
 
 
-def _record_row(rec: Any, path: str | None, line: int | None, default_id: str) -> _Row:
+def _record_row(
+    rec: Any, path: str | None, line: int | None, default_id: str, nan_is_missing: bool = True
+) -> _Row:
     if not isinstance(rec, Mapping):
         raise LogFormatError(path, line, "record", rec, "each line must be a JSON object")
     if "rewards" not in rec:
@@ -484,7 +517,9 @@ def _record_row(rec: Any, path: str | None, line: int | None, default_id: str) -
         raise LogFormatError(path, line, "id", rid, "must be a string or an integer")
     if not isinstance(rid, str):
         rid = int(rid)
-    rewards = _parse_number_list(rec["rewards"], "rewards", path, line, labels=False)
+    rewards = _parse_number_list(
+        rec["rewards"], "rewards", path, line, labels=False, nan_is_missing=nan_is_missing
+    )
     labels_obj = rec.get("correct")
     labels: list[float] | None = None
     if labels_obj is not None:
@@ -579,7 +614,7 @@ def load_logged(path: str | Path) -> LoggedRewards:
                         text.strip(),
                         f"not valid JSON ({exc.msg}, column {exc.colno})",
                     ) from exc
-                rows.append(_record_row(rec, src, lineno, str(lineno)))
+                rows.append(_record_row(rec, src, lineno, str(lineno), nan_is_missing=False))
                 lines.append(lineno)
     except UnicodeDecodeError as exc:
         raise _not_utf8(p) from exc

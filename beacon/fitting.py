@@ -543,8 +543,10 @@ def _fit_nig(st: _Stats, method: str) -> tuple[NIGPrior, float, str, dict[str, f
                      beta0=beta0_z * scale**2)
     ll = _nig_terms(np.array([prior.mu0, math.log(nu0), math.log(alpha0),
                               math.log(prior.beta0)]), st, grad=False)[0]
-    capped = _at_caps({"nu0": (nu0, nu_hi, NU0_BOUNDS[1]),
-                       "alpha0": (alpha0, a_hi, ALPHA0_BOUNDS[1])})
+    # the fitted values before their 4-digit rounding, which can move one within 5e-4 of a
+    # cap onto it (or a cap of 5 digits, the log's reward count, below itself)
+    capped = _at_caps({"nu0": (math.exp(theta[1]), nu_hi, NU0_BOUNDS[1]),
+                       "alpha0": (math.exp(theta[2]), a_hi, ALPHA0_BOUNDS[1])})
     return prior, float(ll.sum() / st.k.sum()), method, capped
 
 
@@ -555,11 +557,18 @@ def _beyond(log_value: float, cap: float, bound: float) -> bool:
     return cap < bound and math.exp(log_value) > cap
 
 
+# A fit bound by a cap ends on it: L-BFGS-B returns the bound log(cap) itself, the moments
+# min(value, cap); exp(log(cap)) is within a few ulps of cap. Only a free optimum within this
+# of the cap (the cap for every purpose) is reported with it.
+_CAP_RTOL = 1e-12
+
+
 def _at_caps(fitted: dict[str, tuple[float, float, float]]) -> dict[str, float]:
     """``{name: cap}`` of the parameters ``(value, cap, bound)`` that ended at a small-log cap
-    below their fixed bound (within the 4-digit rounding of the fitted values)."""
+    below their fixed bound; ``value`` is the fitted value before rounding (``exp`` of the
+    fitted log), on the cap up to the rounding of ``exp(log(cap))`` (:data:`_CAP_RTOL`)."""
     return {name: cap for name, (value, cap, bound) in fitted.items()
-            if cap < bound and value >= cap * (1.0 - 1e-3)}
+            if cap < bound and value >= cap * (1.0 - _CAP_RTOL)}
 
 
 # ----------------------------------------------------------------------------------------------

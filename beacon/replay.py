@@ -28,6 +28,7 @@ from beacon.families.bernoulli import BernoulliFamily, reservation_cost
 from beacon.families.judge import WIN_THRESHOLD, JudgeFamily
 from beacon.families.normal import (
     MAX_ABS_REWARD,
+    OVERFLOW_MESSAGE,
     TOO_LARGE_MESSAGE,
     NormalFamily,
     predictive_quantile,
@@ -162,7 +163,7 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
             if alpha_k > 0:
                 tq[k] = predictive_quantile(2.0 * alpha_k, cfg.robust_quantile)
             alpha_k = alpha_k + 0.5
-        used, chosen, code, trunc = replay_normal(
+        used, chosen, code, trunc, overflow = replay_normal(
             x,
             raw,
             cfg.horizon,
@@ -178,6 +179,11 @@ def replay(rewards: ArrayLike, cfg: BeaconConfig) -> ReplayResult:
             cfg.cost,
             tuple(table.lookup_arrays()),
         )
+        over = np.flatnonzero(overflow >= 0)
+        if over.size:  # the reward on which the Stopper raises, in the first such prompt
+            r = int(over[0])
+            c = int(overflow[r])
+            raise RewardError((r, c), float(x[r, c]), OVERFLOW_MESSAGE)
     elif kind in (BernoulliFamily, JudgeFamily) and isinstance(prior, BetaPrior):
         judge = kind is JudgeFamily
         if not judge:

@@ -3,6 +3,11 @@
 They mirror :class:`beacon.stopper.Stopper` step for step (same update order, same floating-point
 operations, the same ``h_lookup`` as the Python path), so a replay decides exactly as the Stopper
 does prompt by prompt. Codes of the stop reason: 0 index, 1 horizon, 2 absorbed.
+
+The normal kernel also returns, per prompt, the column of the reward whose update overflowed the
+model's statistics (beta_k or the predictive scale sigma_k infinite; -1 where none did), the
+reward on which :class:`beacon.Stopper` raises its :class:`beacon.RewardError`; that prompt's
+other outputs are left where the overflow stopped it, and the caller raises.
 """
 
 from __future__ import annotations
@@ -50,13 +55,16 @@ def _replay_normal(
     beta0: float,
     cost: float,
     table: tuple,  # type: ignore[type-arg]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """NIG learning + UIP (eq. UIP) with the robust update; see beacon.families.normal."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """NIG learning + UIP (eq. UIP) with the robust update; see beacon.families.normal.
+
+    Returns (used, chosen, reason code, truncated, overflow column) per prompt."""
     n_rows, n_cols = x.shape
     used = np.zeros(n_rows, dtype=np.int64)
     chosen = np.full(n_rows, -1, dtype=np.int64)
     reason = np.zeros(n_rows, dtype=np.int64)
     truncated = np.zeros(n_rows, dtype=np.bool_)
+    overflow = np.full(n_rows, -1, dtype=np.int64)
     for i in prange(n_rows):
         k = 0
         mu = mu0
@@ -87,6 +95,16 @@ def _replay_normal(
                 beta = beta + nu * d * d / (2.0 * nu1)
                 nu = nu1
                 alpha = alpha + 0.5
+                # the Stopper's check (beacon.families.normal): beta_{k+1} or, once defined,
+                # sigma_{k+1} infinite (sqrt and the 1e-6 floor keep inf as inf)
+                if beta == np.inf or (
+                    k + 1 >= prior_k0
+                    and nu > 0.0
+                    and alpha > 0.0
+                    and (nu + 1.0) * beta / (nu * alpha) == np.inf
+                ):
+                    overflow[i] = col
+                    break
                 z = max(z, r)
                 if raw[i, col] > best:
                     best = raw[i, col]
@@ -94,6 +112,8 @@ def _replay_normal(
                 k += 1
                 col += 1
                 pending -= 1
+            if overflow[i] >= 0:
+                break
             if ran_out:
                 truncated[i] = True
                 reason[i] = REASON_HORIZON
@@ -111,7 +131,7 @@ def _replay_normal(
                 break
         used[i] = k
         chosen[i] = best_col
-    return used, chosen, reason, truncated
+    return used, chosen, reason, truncated, overflow
 
 
 def _replay_bernoulli(

@@ -798,7 +798,7 @@ def log_setup(
             "--prior",
         )
     if mode == PRIOR_FIT:
-        fitted_with, spec, k = _fit_options(data, family, transform, folds)
+        fitted_with, spec, k = _fit_options(data, family, transform, folds, prior is not None)
         if k < DEFAULT_FOLDS and folds is None:
             notes.append(
                 f"cross-fitting on {k} folds of one prompt each: the log has fewer prompts than "
@@ -930,12 +930,18 @@ def scale_note(data: LoggedRewards, cfg: BeaconConfig, what: str = "") -> list[s
 
 
 def _fit_options(
-    data: LoggedRewards, family: str, transform: str | None, folds: int | None
+    data: LoggedRewards,
+    family: str,
+    transform: str | None,
+    folds: int | None,
+    prior_given: bool = True,
 ) -> tuple[str | RewardTransform | None, str, int]:
     """Check ``--family`` / ``--transform`` / ``--folds`` for ``--prior fit``.
 
     Returns what :func:`beacon.evaluation.cross_fit` fits with (a kind or a transform loaded
-    from JSON), the ``--transform`` spelling, and the number of folds.
+    from JSON), the ``--transform`` spelling, and the number of folds. ``prior_given``: ``fit``
+    came from the command line, not the command's default (a log too small to fit a prior on
+    is then not a bad ``--prior``).
     """
     if family not in _FIT_FAMILIES:
         usage_error(
@@ -956,11 +962,15 @@ def _fit_options(
         usage_error(f"{spec!r}: the {family} family takes raw rewards", "--transform")
     n_prompts = data.for_family(family).n_prompts
     if n_prompts < 3:
-        usage_error(
-            f"'fit' fits each prompt's prior on at least 2 other prompts, and {data.source} has "
-            f"{n_prompts}: use --prior default (or a prior file)",
-            "--prior",
+        why = (
+            f"{data.source} has {count_noun(n_prompts, 'prompt')}, too few to fit a prior: "
+            "--prior fit cross-fits each prompt's prior on the other prompts and needs at least "
+            "3 (2 besides the one replayed); add prompts to the log, or pass --prior jeffreys "
+            "(the paper's default prior, also spelled --prior default) or a prior file"
         )
+        if not prior_given:  # the command's default: nothing the user wrote is wrong
+            fail(f"{why} (--prior fit is this command's default for the {family} family)")
+        usage_error(why, "--prior")
     # Without --folds a log of fewer prompts than the default folds is cross-fitted leave-one-out.
     k = min(DEFAULT_FOLDS, n_prompts) if folds is None else folds
     if not 2 <= k <= n_prompts:

@@ -26,7 +26,13 @@ reward below its ``robust_quantile`` quantile mu_k + sigma_k t_{2 alpha_k}^{-1}(
 Range: rewards (after the config's transform) must satisfy |r| <= MAX_ABS_REWARD = 1e140, in
 the units of the rewards. Beyond it (r - mu)^2 and beta overflow and the decision would be taken
 on NaN; such a reward is a :class:`beacon.RewardError` asking to rescale (``fit_prior`` has the
-same limit).
+same limit). The prior's ``mu0`` is held to the same range, and a prior whose predictive scale
+already overflows at the first decision (a ``beta0`` near the float limit, or ``nu0 * beta0``
+beyond it) is a :class:`beacon.ConfigError` when the config is built. A prior that overflows
+only with large rewards (``nu0`` ~ 1e28 with rewards near 1e140: ``nu (r - mu)^2``) makes the
+reward whose update leaves beta_k or sigma_k infinite a :class:`beacon.RewardError`
+(:data:`OVERFLOW_MESSAGE`): with sigma_k = inf, c / sigma_k = 0 and the rule would sample to the
+horizon whatever the rewards (the vectorised replay refuses the same reward).
 
 Speed: the update and the decision are closures built once per config (:meth:`NormalFamily.bind`),
 holding the Student-t quantiles per dof, the cost and (:func:`uip_decider`) a pure-Python copy
@@ -53,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_ABS_REWARD",
+    "OVERFLOW_MESSAGE",
     "SIGMA_FLOOR",
     "TOO_LARGE_MESSAGE",
     "NormalFamily",
@@ -68,10 +75,16 @@ TOO_LARGE_MESSAGE = (  # shared with the vectorised replay's check
     f"|reward| above {MAX_ABS_REWARD:g} overflows the normal model's statistics; rescale the"
     " rewards"
 )
+OVERFLOW_MESSAGE = (  # shared with the vectorised replay's check
+    "the normal model's statistics overflow under this prior (beta_k or the predictive scale"
+    " sigma_k = sqrt((nu_k + 1) beta_k / (nu_k alpha_k)) is infinite): rescale the rewards and"
+    " the prior (mu0 by the factor, beta0 by its square), or use a smaller nu0"
+)
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without the Python-level __new__ frame
 _exp, _log, _sqrt, _asinh, _floor = math.exp, math.log, math.sqrt, math.asinh, math.floor
 _NAN = math.nan
+_INF = math.inf
 
 
 def _scale(k: int, k0: int, nu: float, alpha: float, beta: float) -> float:
@@ -221,8 +234,12 @@ def _make_update(robust: bool, q: float) -> Callable[[NormalState, float], tuple
         alpha1 = alpha + 0.5
         beta1 = beta + nu * d * d / (2.0 * nu1)
         k1 = k + 1
+        sigma1 = _scale(k1, k0, nu1, alpha1, beta1)
+        if sigma1 == _INF or beta1 == _INF:
+            # an overflowed scale makes c / sigma = 0: every later decision would "continue"
+            raise RewardError(k, reward, OVERFLOW_MESSAGE)
         z1 = reward if reward > z else z  # == max(z, reward)
-        return (k1, z1, mu + d / nu1, nu1, alpha1, beta1, k0, _scale(k1, k0, nu1, alpha1, beta1))
+        return (k1, z1, mu + d / nu1, nu1, alpha1, beta1, k0, sigma1)
 
     return update
 
@@ -300,6 +317,34 @@ def _kernel_for(cfg: BeaconConfig) -> _Kernel:
     return _kernel(cfg.robust, cfg.robust_quantile, cfg.horizon, p.alpha0, p.nu0, cfg.cost)
 
 
+def _check_prior_range(p: NIGPrior, k_first: int) -> None:
+    """Refuse a prior the normal model cannot run in floating point, whatever the rewards.
+
+    ``mu0`` is in reward units and held to the rewards' range (+-:data:`MAX_ABS_REWARD`). The
+    predictive scale at the first decision (``k_first`` rewards, each adding 1 to nu and 1/2 to
+    alpha as the update does) is computed with beta_k at its least, beta0: if it overflows
+    there, the first decision would be taken on sigma = inf (c / sigma = 0, "continue") and
+    every later one too, since beta_k never decreases.
+    """
+    if not -MAX_ABS_REWARD <= p.mu0 <= MAX_ABS_REWARD:
+        raise ConfigError(
+            "prior.mu0", p.mu0,
+            f"must be within +-{MAX_ABS_REWARD:g}, the normal model's reward range (in reward"
+            " units); rescale the rewards and the prior",
+        )  # fmt: skip
+    nu, alpha = p.nu0, p.alpha0
+    for _ in range(k_first):
+        nu, alpha = nu + 1.0, alpha + 0.5
+    if nu > 0 and alpha > 0 and (nu + 1.0) * p.beta0 / (nu * alpha) == _INF:
+        raise ConfigError(
+            "prior.beta0", p.beta0,
+            f"with nu0={p.nu0:g} and alpha0={p.alpha0:g} the predictive scale"
+            f" sqrt((nu + 1) beta / (nu alpha)) overflows at the first decision (after {k_first}"
+            f" reward{'' if k_first == 1 else 's'}): rescale the rewards and the prior (beta0 by"
+            " the factor squared)",
+        )  # fmt: skip
+
+
 @register_family("normal")
 class NormalFamily(RewardFamily):
     """Normal rewards with unknown mean and variance under a NIG prior."""
@@ -323,6 +368,7 @@ class NormalFamily(RewardFamily):
         except ConfigError as exc:
             field = {"n": "horizon"}.get(exc.field, f"prior.{exc.field}")
             raise ConfigError(field, exc.value, exc.reason) from exc
+        _check_prior_range(p, cfg.k0)
 
     def prepare(self, cfg: BeaconConfig) -> None:
         """Read (or build) the h-table of ``cfg``, load the lookup kernel and, with the robust
