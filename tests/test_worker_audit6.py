@@ -111,8 +111,9 @@ def test_two_concurrent_submits_of_one_job_send_each_prompt_once(
         counts = _queued_keys(queue)
         assert len(counts) == n and set(counts.values()) == {1}, counts.most_common(3)
         assert sum(res.enqueued for res in results) == n, results
-        # What one did not send it counts as queued (sent by the other), never as lost.
-        assert all(res.enqueued + res.queued == n for res in results), results
+        # What one did not send it counts as queued (sent by the other) or as being sent (the
+        # other's claim), never as lost.
+        assert all(res.enqueued + res.queued + res.sending == n for res in results), results
         assert store.status(job_id).pending == n  # retried failures are pending again
     finally:
         r.delete(queue)
@@ -230,13 +231,14 @@ def test_a_claim_whose_sender_died_lapses_and_the_prompts_are_resent(
     job_id, queue, prompts = _lost_job(tier, tmp_path, "dead-claimer", n)
     store = tier.store
     keys = [k for k, _ in store.iter_prompts(job_id)]
-    token, claimed = store.claim_sends(job_id, keys, since=store.now_us())
-    assert sorted(claimed) == sorted(keys)  # sent before `since`: claimable; then it died
+    token, claimed, held = store.claim_sends(job_id, keys, since=store.now_us())
+    assert sorted(claimed) == sorted(keys) and held == 0  # sent before `since`; then it died
     send = lambda j, items, q: resend(j, items, q, store=store)  # noqa: E731
     try:
         young = tier.submit(iter_prompt_file(prompts), SPEC, job_id=job_id, store=store,
                             queue=queue)
-        assert (young.enqueued, young.queued) == (0, n), young
+        # held by the dead sender's claim: reported as being sent, not as in the broker
+        assert (young.enqueued, young.queued, young.sending) == (0, 0, n), young
         assert requeue_lost(store, job_id, broker_url=REDIS_URL, grace=0.0, settle=0.0,
                             send=send).lost == 0
         time.sleep(1.2)  # the lease runs out
@@ -246,7 +248,8 @@ def test_a_claim_whose_sender_died_lapses_and_the_prompts_are_resent(
         assert store.finish_sends(job_id, token, keys) == 0  # taken over: the dead one's is void
         again = tier.submit(iter_prompt_file(prompts), SPEC, job_id=job_id, store=store,
                             queue=queue)
-        assert (again.enqueued, again.queued) == (0, n), again  # queued now: not sent twice
+        # queued now: not sent twice
+        assert (again.enqueued, again.queued, again.sending) == (0, n, 0), again
         counts = _queued_keys(queue)
         assert len(counts) == n and set(counts.values()) == {1}, counts.most_common(3)
     finally:
@@ -289,4 +292,72 @@ def test_an_infinite_setting_is_a_config_error_naming_it(name: str, raw: str) ->
     with pytest.raises(ConfigError) as ei:
         WorkerSettings.from_env({name: raw})
     assert (ei.value.field, ei.value.value) == (name, raw), ei.value
-    assert "finite" in str(ei.value) or raw.startswith("-"), ei.value
+    assert "must be <= 1e+09" in str(ei.value) or raw.startswith("-"), ei.value
+
+
+@pytest.mark.parametrize(("name", "raw"), [
+    ("BEACON_SWEEP_INTERVAL", "1e300"),  # finite, but the sweeper's first wait overflowed
+    ("BEACON_SOFT_TIME_LIMIT", "1e300"),
+    ("BEACON_TASK_MAX_RETRIES", "1" + "0" * 400),  # an int: isfinite() raised OverflowError
+    ("BEACON_JOB_TTL", "1" + "0" * 400),
+    ("BEACON_JOB_TTL", "1000000001"),
+])
+def test_a_setting_too_large_to_use_is_a_config_error_naming_it(name: str, raw: str) -> None:
+    """A value no time limit, TTL or count needs (above 1e9) is refused naming the variable:
+    a huge float killed the sweeper thread at its first wait (OverflowError: timestamp out of
+    range), a huge integer raised a bare OverflowError from the finiteness check."""
+    from beacon.errors import ConfigError
+    from worker.config import WorkerSettings
+
+    with pytest.raises(ConfigError) as ei:
+        WorkerSettings.from_env({name: raw})
+    assert (ei.value.field, ei.value.value) == (name, raw), ei.value
+    assert "must be <= 1e+09" in str(ei.value), ei.value
+    # the bound itself is a setting (31 years): accepted, and usable by a thread's wait()
+    s = WorkerSettings.from_env({"BEACON_SWEEP_INTERVAL": "1e9"})
+    assert s.sweep_interval == 1e9
+    lock = threading.Lock()  # unlocked: acquired at once, after the timeout's range check
+    assert lock.acquire(timeout=s.sweep_interval)
+    lock.release()
+    with pytest.raises(OverflowError):  # what a value above the bound did in the sweeper
+        threading.Lock().acquire(timeout=1e300)
+
+
+# -- 4. a claim is held only while its group of SEND_GROUP prompts is sent ---------------------
+def test_claims_are_taken_and_sent_in_groups_short_enough_for_their_lease(
+    tier: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send publishes one message per broker round trip, and its claims lapse after
+    SEND_LEASE: a submission or a resend claims and sends SEND_GROUP prompts at a time (it
+    claimed 500, 30 s of sending on a broker 60 ms away, after which another sender could take
+    the claims over mid-send)."""
+    import redis
+
+    import worker.tasks as tasks
+    from worker.recovery import requeue_lost
+    from worker.state import SEND_GROUP, SEND_LEASE
+    from worker.tasks import resend
+
+    assert SEND_GROUP * 0.06 < SEND_LEASE / 4
+    n = 2 * SEND_GROUP + 7
+    sizes: list[int] = []
+    original = tasks._send_tasks
+
+    def recorded(st: Any, job_id: str, spec_ref: str, target: Any, items: list[Any]) -> None:
+        sizes.append(len(items))
+        original(st, job_id, spec_ref, target, items)
+
+    monkeypatch.setattr(tasks, "_send_tasks", recorded)
+    job_id, queue, _ = _lost_job(tier, tmp_path, "groups", n)
+    try:
+        assert sizes == [SEND_GROUP, SEND_GROUP, 7], sizes
+        resent: list[int] = []
+
+        def send(j: str, items: list[Any], q: str) -> None:
+            resent.append(len(items))
+            resend(j, items, q, store=tier.store)
+
+        rq = requeue_lost(tier.store, job_id, broker_url=REDIS_URL, force=True, send=send)
+        assert (rq.pending, rq.lost) == (n, n) and resent == [SEND_GROUP, SEND_GROUP, 7], resent
+    finally:
+        redis.Redis.from_url(REDIS_URL).delete(queue)

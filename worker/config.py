@@ -31,11 +31,13 @@ BEACON_SWEEP_INTERVAL          seconds between a worker's checks for prompt mess
 BEACON_SWEEP_GRACE             a job is checked only when its last tasks were sent at least
                                this many seconds ago (60)
 =============================  ==============================================================
+
+Every numeric setting is a finite number from its minimum up to 1e9 (about 31 years in
+seconds); anything else is a :class:`beacon.ConfigError` naming the variable.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -85,6 +87,12 @@ def is_redis_url(url: str) -> bool:
     return url.startswith(("redis://", "rediss://", "unix://"))
 
 
+# Largest value of any numeric setting: ~31 years in seconds, beyond every sensible time
+# limit, TTL or count, and below what a thread's wait() (threading.TIMEOUT_MAX) and Redis
+# EXPIRE take.
+_MAX_SETTING = 1e9
+
+
 def _num(env: Mapping[str, str], name: str, default: float, *, integer: bool = False,
          minimum: float = 0.0) -> Any:
     raw = env.get(name)
@@ -95,12 +103,13 @@ def _num(env: Mapping[str, str], name: str, default: float, *, integer: bool = F
     except ValueError:
         raise ConfigError(name, raw, "must be an integer" if integer else "must be a number") \
             from None
-    if not math.isfinite(v):
-        # float() takes "inf": a time limit or backoff cap would reach int() or a thread's
-        # wait() and crash the worker's start with an OverflowError naming no variable.
-        raise ConfigError(name, raw, "must be a finite number")
     if not v >= minimum:
         raise ConfigError(name, raw, f"must be >= {minimum}")
+    if not v <= _MAX_SETTING:
+        # float() takes "inf" and "1e300", int() any digits: a time limit, TTL or backoff cap
+        # that large reaches int(), a thread's wait() or Redis EXPIRE and crashes the worker's
+        # start (or its sweeper) with an OverflowError naming no variable.
+        raise ConfigError(name, raw, f"must be <= {_MAX_SETTING:g}")
     return v
 
 

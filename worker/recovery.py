@@ -50,7 +50,7 @@ import numpy.typing as npt
 import redis
 
 from worker.config import is_redis_url, url_without_credentials
-from worker.state import JobStore, UnknownJobError
+from worker.state import SEND_GROUP, JobStore, UnknownJobError
 
 __all__ = ["CHUNK", "BrokerInspectionError", "BrokerUnreachableError", "KeyDigests",
            "RequeueResult", "Sweeper", "broker_digests", "read_broker", "requeue_lost",
@@ -381,23 +381,26 @@ def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dic
 
     def flush() -> None:
         nonlocal n, batch
-        token, claimed = store.claim_sends(job_id, [k for k, _ in batch], since=since)
-        mine = set(claimed)
-        todo = [item for item in batch if item[0] in mine]
-        batch = []  # a new list: ``send`` may keep the one it was given
-        if not todo:
-            return
-        try:
-            send(job_id, todo, queue)
-        except BaseException:
-            # Part of the chunk may have gone out: stamped as sent, a later check looks for it
-            # in the broker. Redis away: the claims lapse after SEND_LEASE by themselves.
-            with contextlib.suppress(redis.exceptions.RedisError):
-                store.finish_sends(job_id, token, claimed)
-            raise
-        store.finish_sends(job_id, token, claimed)
-        store.mark_sent(job_id, queue)
-        n += len(todo)
+        chunk, batch = batch, []  # a new list: ``send`` may keep the one it was given
+        for i in range(0, len(chunk), SEND_GROUP):  # a claim is held while its group is sent
+            group = chunk[i:i + SEND_GROUP]
+            token, claimed, _held = store.claim_sends(job_id, [k for k, _ in group],
+                                                      since=since)
+            mine = set(claimed)
+            todo = [item for item in group if item[0] in mine]
+            if not todo:
+                continue
+            try:
+                send(job_id, todo, queue)
+            except BaseException:
+                # Part of the group may have gone out: stamped as sent, a later check looks
+                # for it in the broker. Redis away: the claims lapse after SEND_LEASE.
+                with contextlib.suppress(redis.exceptions.RedisError):
+                    store.finish_sends(job_id, token, claimed)
+                raise
+            store.finish_sends(job_id, token, claimed)
+            store.mark_sent(job_id, queue)
+            n += len(todo)
 
     for item in items:
         batch.append(item)

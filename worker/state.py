@@ -17,8 +17,9 @@ its meta lives on, or its meta while its prompts still run):
 * ``P:job:J:runs``    hash: prompt key -> runs of it started and not ended; what is left above
   zero counts runs cut off by the death of their worker process (``BEACON_MAX_LOST_RUNS``)
 * ``P:job:J:sends``   hash: prompt key -> when its task was last sent, in microseconds of the
-  state store's clock (``TIME``), followed by ``:token`` while a sender holds the prompt's send
-  claim (:meth:`JobStore.claim_sends`: claimed, not yet sent)
+  state store's clock (``TIME``); while a sender holds the prompt's send claim
+  (:meth:`JobStore.claim_sends`: claimed, not yet sent), when it was claimed, followed by
+  ``:token``
 * ``P:jobs``          set of job ids that may still have pending prompts (what the lost-message
   sweeper of :mod:`worker.recovery` visits; a job leaves it once finished)
 * ``P:store-id``      a random id naming this state store (never expires): submitters put it,
@@ -69,6 +70,10 @@ _JOB_PARTS = ("results", "errors", "meta", "prompts", "runs", "sends")
 # overtaken; short next to the sweeper's grace period (BEACON_SWEEP_GRACE, 60 s), so the prompts
 # of a sender that died after claiming are resent by the next sweep or resubmission.
 SEND_LEASE = 30.0
+# Prompts claimed (and then sent) together: a send holds its claims while it publishes them,
+# one broker round trip per message, so a group must be sent well within SEND_LEASE even on a
+# distant broker (100 messages at 60 ms each: 6 s).
+SEND_GROUP = 100
 
 
 def _touch_job(ttl_arg: int) -> str:
@@ -150,16 +155,17 @@ local now = tonumber(now_s)
 
 # KEYS: the job's keys; ARGV: ttl, since (us), lease (us), token, then prompt keys
 # (JobStore.claim_sends). Returns -1 when the job is gone, else the 1-based positions of the
-# keys claimed. A sends entry is "<us>" (sent then) or "<us>:<token>" (claimed then, not sent).
+# keys claimed, and minus those of the keys another sender's live claim holds. A sends entry is
+# "<us>" (sent then) or "<us>:<token>" (claimed then, not sent).
 _CLAIM_SENDS = _JOB_GONE + _NOW_US + """
 local since, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local mine = now_s .. ':' .. ARGV[4]
 local out = {}
 for i = 5, #ARGV do
   local v = redis.call('HGET', KEYS[6], ARGV[i])
-  local free = true
+  local free, at, tok = true, nil, ''
   if v then
-    local at, tok = string.match(v, '^(%d+):?(.*)$')
+    at, tok = string.match(v, '^(%d+):?(.*)$')
     at = tonumber(at)
     if at == nil then free = true
     elseif tok ~= '' then free = now - at > lease
@@ -168,6 +174,8 @@ for i = 5, #ARGV do
   if free then
     redis.call('HSET', KEYS[6], ARGV[i], mine)
     out[#out + 1] = i - 4
+  elseif tok ~= '' then
+    out[#out + 1] = 4 - i
   end
 end
 """ + _touch_job(1) + """
@@ -342,24 +350,28 @@ class JobStore:
         sec, usec = self.r.time()
         return int(sec) * 1_000_000 + int(usec)
 
-    def claim_sends(self, job_id: str, keys: list[str], *, since: int) -> tuple[str, list[str]]:
-        """Claim the sending of the tasks of ``keys``; returns the claim's token and the keys
-        claimed, in the order given. The others are another sender's: claimed less than
-        ``SEND_LEASE`` seconds ago, or sent at or after ``since`` (:meth:`now_us`, read before
-        the caller looked for the job's messages in the broker, so a message sent after it may
-        have been missed). Send the claimed tasks, then call :meth:`finish_sends` (also when
-        the send fails: a half-sent chunk may be in the broker). One round trip; raises
-        :class:`UnknownJobError`, claiming nothing, when the job is gone."""
+    def claim_sends(self, job_id: str, keys: list[str], *, since: int
+                    ) -> tuple[str, list[str], int]:
+        """Claim the sending of the tasks of ``keys``; returns the claim's token, the keys
+        claimed (in the order given) and how many of the others another sender's claim holds
+        now (being sent, or its sender died: sent again once the claim lapses). The others
+        are another sender's: claimed less than ``SEND_LEASE`` seconds ago, or sent at or after
+        ``since`` (:meth:`now_us`, read before the caller looked for the job's messages in the
+        broker, so a message sent after it may have been missed). Send the claimed tasks, then
+        call :meth:`finish_sends` (also when the send fails: a half-sent chunk may be in the
+        broker). One round trip; raises :class:`UnknownJobError`, claiming nothing, when the
+        job is gone."""
         token = uuid.uuid4().hex[:16]
         if not keys:
             self.check_exists(job_id)
-            return token, []
+            return token, [], 0
         reply = self._claim_sends(
             keys=self._job_keys(job_id),
             args=[self.ttl, since, int(SEND_LEASE * 1_000_000), token, *keys])
         if not isinstance(reply, list):
             raise UnknownJobError(job_id)
-        return token, [keys[int(i) - 1] for i in reply]
+        pos = [int(i) for i in reply]
+        return token, [keys[i - 1] for i in pos if i > 0], sum(1 for i in pos if i < 0)
 
     def finish_sends(self, job_id: str, token: str, keys: list[str]) -> int:
         """Stamp ``keys`` claimed under ``token`` (:meth:`claim_sends`) as sent now; returns how

@@ -85,7 +85,7 @@ from beacon.jobs.spec import (
 from beacon.result import BeaconResult, Candidate
 from worker.app import app, settings
 from worker.config import is_redis_url, url_without_credentials
-from worker.state import JobStore, UnknownJobError
+from worker.state import SEND_GROUP, JobStore, UnknownJobError
 
 if TYPE_CHECKING:
     from worker.recovery import KeyDigests
@@ -641,7 +641,10 @@ class SubmitResult:
     line number it occurs on); ``duplicates``: input lines repeating a prompt or a bad line seen
     earlier in the input (not sent again); ``queued``: prompts of a resubmitted job whose task
     is still waiting in the broker or running, or that a concurrent submission of the job (or
-    a sweep) sent or is sending (not sent again); ``total``: the job's prompts."""
+    a sweep) sent meanwhile (not sent again); ``sending``: prompts another sender has claimed
+    and not yet sent (not sent again: being sent now, or, if that sender died, sent by the
+    next sweep on a Redis broker or by a submission ``SEND_LEASE`` seconds later); ``total``:
+    the job's prompts."""
 
     job_id: str
     total: int
@@ -650,11 +653,12 @@ class SubmitResult:
     bad_lines: int
     duplicates: int = 0
     queued: int = 0
+    sending: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "total": self.total, "enqueued": self.enqueued,
                 "already": self.already, "bad_lines": self.bad_lines,
-                "duplicates": self.duplicates, "queued": self.queued}
+                "duplicates": self.duplicates, "queued": self.queued, "sending": self.sending}
 
 
 def _check_submit_args(
@@ -739,17 +743,19 @@ def submit_job(
             return KeyDigests()
         return _queued_keys(st, job_id, {target, *prior_queues} - {""})
     spec_ref = st.create(job_id, spec.to_dict(), source=source)
-    enqueued = already = queued = 0
+    enqueued = already = queued = sending = 0
     batch: list[tuple[str, dict[str, Any], int | None]] = []
 
     def send_claimed(part: list[tuple[tuple[str, dict[str, Any], int | None], bool]]) -> None:
-        """Claim, then send, the tasks of ``part`` (``(item, has_error)``, 500 at most: the
-        time a claim is held is that of one group's send)."""
-        nonlocal enqueued, queued
-        token, claimed = st.claim_sends(job_id, [item[0] for item, _ in part], since=since)
+        """Claim, then send, the tasks of ``part`` (``(item, has_error)``, ``SEND_GROUP`` at
+        most: the time a claim is held is that of one group's send)."""
+        nonlocal enqueued, queued, sending
+        token, claimed, held = st.claim_sends(job_id, [item[0] for item, _ in part],
+                                              since=since)
         mine = set(claimed)
         todo = [(item, has_err) for item, has_err in part if item[0] in mine]
-        queued += len(part) - len(todo)  # another sender's: queued, or about to be
+        sending += held  # another sender's claim: being sent, or sent once the claim lapses
+        queued += len(part) - len(todo) - held  # another sender sent them since ``since``
         if not todo:
             return
         from kombu.exceptions import OperationalError
@@ -795,8 +801,8 @@ def submit_job(
             raise BrokerUnavailableError(_broker_label(), exc.cause, job_id=job_id,
                                          sent=enqueued) from None
         queued += len(todo) - len(fresh)
-        for i in range(0, len(fresh), 500):
-            send_claimed(fresh[i:i + 500])
+        for i in range(0, len(fresh), SEND_GROUP):
+            send_claimed(fresh[i:i + SEND_GROUP])
         batch.clear()
 
     # Bad lines are stored once the input is read: one error per distinct line, every number.
@@ -821,4 +827,5 @@ def submit_job(
         st.add_prompts(job_id, [(k, {"bad_line": e.raw, "line": e.line})
                                 for k, (e, _) in keys.bad.items()])
     total = st.status(job_id).total
-    return SubmitResult(job_id, total, enqueued, already, len(keys.bad), keys.duplicates, queued)
+    return SubmitResult(job_id, total, enqueued, already, len(keys.bad), keys.duplicates, queued,
+                        sending)

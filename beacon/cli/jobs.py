@@ -933,7 +933,7 @@ def submit_command(
     # collected under that id (raises DuplicateIdError, an error line naming both lines)
     check_unique_ids(iter_prompt_file(prompts), spec, source=prompts.name)
     try:
-        from worker.state import UnknownJobError
+        from worker.state import SEND_LEASE, UnknownJobError
         from worker.tasks import BrokerUnavailableError, submit_job
     except ModuleNotFoundError as exc:
         _missing_extra(exc)
@@ -970,7 +970,10 @@ def submit_command(
             f"{res.already} already finished, {res.bad_lines} bad input line(s)"
             + (f", {res.duplicates} duplicate line(s)" if res.duplicates else "")
             + (f", {res.queued} still queued or running (not sent again)" if res.queued
-               else ""),
+               else "")
+            + (f", {res.sending} being sent by another submission or sweep (if it died, they"
+               f" are sent again by the next sweep, or submit again in {SEND_LEASE:g} s)"
+               if res.sending else ""),
             markup=False,
         )
     if not wait:
