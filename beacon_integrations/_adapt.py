@@ -17,6 +17,7 @@ called with, and the framework context of this one query. ``BeaconResult.prompt`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -300,13 +301,151 @@ def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
     scorer sees) and whose ``raw`` is the parsed object. Rate limiting, the timeout and retries
     are the engine's (``before_model_call`` takes a LangChain rate limiter's token before the
     call has a slot).
+
+    The sample's tokens are those of every LLM call the runnable made (:func:`_tapped`): a
+    chain ending in a parser (``prompt | chat | StrOutputParser()``) has dropped the message
+    and its ``usage_metadata``, and a chain of several LLM calls returns only the last one's.
+    Where no call reported usage to the callbacks, the output's own usage counts (a runnable
+    returning a message or a :class:`beacon.Generation` with tokens); a ``Generation`` the
+    runnable returns with tokens or a cost of its own is taken as it is.
     """
 
     async def generate(query: LCQuery) -> Generation:
-        out = await model.ainvoke(query.model_input, config=query.config)
-        return _lc_generation(out)
+        tap = _usage_tap()
+        out = await model.ainvoke(query.model_input, config=_tapped(query.config, tap))
+        gen = _lc_generation(out)
+        counts = tap.counts()
+        if counts is None or (gen is out and _reports(gen)):
+            return gen
+        it, ot, read, write, h1 = counts
+        # the calls' totals replace the output's own usage (the last call's, already in them)
+        return Generation(gen.text, it, ot, gen.cost, gen.raw, read, write, h1)
 
     return generate
+
+
+def _reports(gen: Generation) -> bool:
+    """Whether ``gen`` reports any token count or a cost."""
+    return gen.input_tokens is not None or gen.output_tokens is not None or gen.cost is not None
+
+
+def _tapped(config: Any, tap: Any) -> Any:
+    """The child ``RunnableConfig`` ``config`` with ``tap`` added to its callbacks, as
+    ``merge_configs`` adds a list of handlers (an inheritable handler on a copy of the run's
+    callback manager): the call still nests under the BEACON run, the caller's own callbacks
+    still see it, and ``tap`` sees every LLM call made under it, however deep in a chain.
+    Only the ``callbacks`` entry is new; the caller's config is not changed."""
+    if config is None:
+        return {"callbacks": [tap]}
+    callbacks = config.get("callbacks")
+    if callbacks is None:
+        callbacks = [tap]
+    elif isinstance(callbacks, list):
+        callbacks = [*callbacks, tap]
+    else:  # a callback manager (the child of the BEACON run's)
+        callbacks = callbacks.copy()
+        callbacks.add_handler(tap, inherit=True)
+    return {**config, "callbacks": callbacks}
+
+
+@functools.cache
+def _usage_tap_type() -> type[Any]:
+    """The class of :func:`_usage_tap` (built at the first use: LangChain is imported only
+    when a LangChain adapter is)."""
+    import threading
+
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class _UsageTap(BaseCallbackHandler):
+        """Sums the tokens of the LLM calls it sees end (``on_llm_end``) under one model or
+        scorer call: ``UsageMetadataCallbackHandler``'s reading (the first generation's
+        ``usage_metadata``; an LLM's ``llm_output["token_usage"]`` too), kept without a model
+        name (which that handler needs, and not every chat model gives) and with the
+        prompt-cache split (``input_token_details``: ``cache_read``, ``cache_creation``,
+        ``ephemeral_1h_input_tokens``) read as the engine reads a message's
+        (:func:`beacon.engine.protocol._usage_counts`)."""
+
+        # on the caller's thread: an async run would otherwise hand each event to a thread
+        # pool and wait for it
+        run_inline = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._lock = threading.Lock()  # a sync chain may run its LLM calls in threads
+            self._sums: list[int | None] | None = None
+
+        @property
+        def ignore_chain(self) -> bool:  # only LLM ends matter: skip the rest cheaply
+            return True
+
+        @property
+        def ignore_chat_model(self) -> bool:
+            return True
+
+        @property
+        def ignore_retriever(self) -> bool:
+            return True
+
+        @property
+        def ignore_agent(self) -> bool:
+            return True
+
+        @property
+        def ignore_retry(self) -> bool:
+            return True
+
+        @property
+        def ignore_custom_event(self) -> bool:
+            return True
+
+        def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+            counts = _llm_result_counts(response)
+            if counts[0] is None and counts[1] is None:
+                return
+            with self._lock:
+                sums = self._sums
+                if sums is None:
+                    self._sums = list(counts)
+                    return
+                for i, v in enumerate(counts):
+                    if v is not None:
+                        old = sums[i]
+                        sums[i] = v if old is None else old + v
+
+        def counts(self) -> _Counts | None:
+            """``(input, output, cache_read, cache_write, cache_write_1h)`` tokens summed
+            over the calls seen (``None`` in a place no call reported), or ``None`` when no
+            call reported input or output tokens."""
+            sums = self._sums
+            if sums is None:
+                return None
+            return sums[0], sums[1], sums[2], sums[3], sums[4]
+
+    return _UsageTap
+
+
+def _usage_tap() -> Any:
+    """A fresh token counter for one model or scorer call (see :func:`_tapped`)."""
+    return _usage_tap_type()()
+
+
+def _llm_result_counts(response: Any) -> _Counts:
+    """The tokens one LLM call's ``LLMResult`` reports: its first generation's message's
+    ``usage_metadata`` (a chat model's; the other generations of an ``n > 1`` call carry the
+    same call's usage), else the ``token_usage`` of its ``llm_output`` (a completion LLM's,
+    OpenAI's names), each with a cache split that does not fit dropped (:func:`_consistent`)."""
+    try:
+        first = response.generations[0][0]
+    except (IndexError, TypeError, AttributeError):
+        first = None
+    message = getattr(first, "message", None)
+    if isinstance(getattr(message, "usage_metadata", None), Mapping):
+        return _consistent(_usage_counts(message))
+    extra = getattr(response, "llm_output", None)
+    usage = extra.get("token_usage") if isinstance(extra, Mapping) else None
+    if isinstance(usage, Mapping) and usage:
+        return _consistent(_usage_counts(_UsageView(usage)))
+    return None, None, None, None, None
 
 
 def _lc_generation(out: Any) -> Generation:
@@ -370,10 +509,14 @@ class _LCScore:
     """Engine scorer calling a LangChain runnable under the query's config.
 
     Returns the runnable's outputs as they are (batched: one per response, counted by the
-    engine); the engine makes each one a reward with :meth:`as_reward`. A message that
-    reports its tokens (an LLM judge's ``AIMessage`` with ``usage_metadata``) is returned as a
-    :class:`beacon.Score` holding it, so that the judge's tokens count in the query's usage
-    and budget (:func:`_judged`).
+    engine); the engine makes each one a reward with :meth:`as_reward`. The tokens of the LLM
+    calls the runnable made (an LLM judge's, seen by the callbacks as a model's are:
+    :func:`_tapped`) come with it as a :class:`beacon.Score`, so that they count in the
+    query's usage and budget even when the judge's message is gone (``judge_prompt | llm |
+    StrOutputParser()``); a batched call's go on its first value. Where no call reported
+    usage to the callbacks, a message that reports its own (an ``AIMessage`` with
+    ``usage_metadata``) counts (:func:`_judged`). A ``Score`` the scorer returns with tokens or
+    a cost of its own is taken as it is.
     """
 
     as_reward = staticmethod(to_reward)
@@ -385,16 +528,53 @@ class _LCScore:
     async def __call__(self, query: LCQuery, response: Any) -> Any:
         key = "responses" if self.batched else "response"
         value = list(response) if self.batched else response
-        out = await self.runnable.ainvoke({"prompt": query.text, key: value}, config=query.config)
-        return out if self.batched else _judged(out)
+        tap = _usage_tap()
+        out = await self.runnable.ainvoke(
+            {"prompt": query.text, key: value}, config=_tapped(query.config, tap)
+        )
+        counts = tap.counts()
+        if self.batched:
+            return out if counts is None else _spent_on_first(out, counts)
+        if counts is None:
+            return _judged(out)
+        return _with_spend(out, counts)
+
+
+def _with_spend(value: Any, counts: _Counts) -> Any:
+    """``value`` as a :class:`beacon.Score` carrying ``counts`` (the tokens its call's LLMs
+    reported); a ``Score`` that reports a spend of its own as it is (the scorer's accounting;
+    the same calls must not count twice)."""
+    if isinstance(value, Score):
+        if value.reports:
+            return value
+        value = value.reward
+    it, ot, read, write, h1 = counts
+    return Score(value, it, ot, None, read, write, h1)
+
+
+def _spent_on_first(out: Any, counts: _Counts) -> Any:
+    """A batched scorer's values with the call's tokens on the first one (as
+    :class:`beacon.Score` allows a judge of a whole batch); as they are when one is a ``Score``
+    reporting a spend already (the scorer counts its own), or when ``out`` is no list, tuple
+    or array of values (the engine refuses it and the batch fails)."""
+    if isinstance(out, list | tuple):
+        values = list(out)
+    elif type(out).__module__ == "numpy" and getattr(out, "ndim", None) == 1:
+        values = list(out)  # numpy scalars, each read by the engine's reward rule
+    else:
+        return out
+    if not values or any(isinstance(v, Score) and v.reports for v in values):
+        return out
+    values[0] = _with_spend(values[0], counts)
+    return values
 
 
 def _judged(out: Any) -> Any:
     """A judge's message that reports its tokens (``usage_metadata``, as LangChain chat models
     give it; read as the engine reads a model's, prompt-cache split included) as a
     :class:`beacon.Score` holding the message, whose reward :func:`to_reward` then reads from
-    its text. Anything else as it is: a chain ending in a parser (``| StrOutputParser()``)
-    has dropped the message and its usage; such a scorer can return a ``Score`` itself."""
+    its text. Anything else as it is. Used where no LLM call under the scorer reported usage
+    to the callbacks (a runnable that builds the message itself)."""
     if not isinstance(getattr(out, "usage_metadata", None), Mapping):
         return out
     it, ot, read, write, h1 = _consistent(_usage_counts(out))
