@@ -534,7 +534,11 @@ class _LCScore:
         )
         counts = tap.counts()
         if self.batched:
-            return out if counts is None else _spent_on_first(out, counts)
+            if counts is not None:
+                return _spent_on_first(out, counts)
+            # each value a judge's message reporting its own tokens (no LLM call under the
+            # callbacks): counted as one at a time would be
+            return [_judged(v) for v in out] if isinstance(out, list | tuple) else out
         if counts is None:
             return _judged(out)
         return _with_spend(out, counts)

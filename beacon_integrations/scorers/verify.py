@@ -175,7 +175,10 @@ class CorrectnessAdjusted:
     verified. In a batch such an error -- or one the scorer or the verifier gives for one
     response -- is returned in that response's place, so it fails that sample alone. A
     :class:`beacon.Score` from the scorer (an LLM judge reporting its tokens and money) is
-    returned as that ``Score`` with its reward adjusted, so its spend is still counted.
+    returned as that ``Score`` with its reward adjusted, so its spend is still counted; when
+    that response fails (an invalid learned reward, a verifier that raises), as that ``Score``
+    with the error in its reward's place: the sample fails with it, the judge's spend is
+    counted, and the paid judge call is not retried for the verifier's failure.
     """
 
     def __init__(self, scorer: Any, verifier: Any) -> None:
@@ -198,8 +201,14 @@ class CorrectnessAdjusted:
 
     async def _adjusted(self, prompt: Any, r: Any, text: str) -> float | Score:
         if isinstance(r, Score):
-            # an LLM judge's spend stays with its adjusted reward (the engine counts it)
-            return dataclasses.replace(r, reward=await self._adjusted(prompt, r.reward, text))
+            # an LLM judge's spend stays with its adjusted reward (the engine counts it), and
+            # with the error that fails this response (an invalid reward, a failing verifier):
+            # the judge was paid all the same, and a retry of the call would pay it again
+            try:
+                reward = await self._adjusted(prompt, r.reward, text)
+            except Exception as exc:
+                return dataclasses.replace(r, reward=exc)
+            return dataclasses.replace(r, reward=reward)
         if isinstance(r, Exception):  # the scorer's own error for this response
             raise r
         try:
