@@ -20,7 +20,9 @@ import dataclasses
 import functools
 import inspect
 import json
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,6 +326,42 @@ def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
     return generate
 
 
+class _TokenSums:
+    """Token counts ``(input, output, cache_read, cache_write, cache_write_1h)`` summed over
+    the LLM calls of one model or scorer call (the LangChain and LlamaIndex taps); thread-safe,
+    as sync framework code may run its LLM calls in threads."""
+
+    __slots__ = ("_lock", "_sums")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sums: list[int | None] | None = None
+
+    def add(self, counts: _Counts) -> None:
+        """Add one call's counts (``None``: not reported); a call reporting neither input nor
+        output tokens adds nothing."""
+        if counts[0] is None and counts[1] is None:
+            return
+        with self._lock:
+            sums = self._sums
+            if sums is None:
+                self._sums = list(counts)
+                return
+            for i, v in enumerate(counts):
+                if v is not None:
+                    old = sums[i]
+                    sums[i] = v if old is None else old + v
+
+    def counts(self) -> _Counts | None:
+        """The sums (``None`` in a place no call reported), or ``None`` when no call reported
+        input or output tokens."""
+        with self._lock:
+            sums = self._sums
+            if sums is None:
+                return None
+            return sums[0], sums[1], sums[2], sums[3], sums[4]
+
+
 def _reports(gen: Generation) -> bool:
     """Whether ``gen`` reports any token count or a cost."""
     return gen.input_tokens is not None or gen.output_tokens is not None or gen.cost is not None
@@ -352,7 +390,6 @@ def _tapped(config: Any, tap: Any) -> Any:
 def _usage_tap_type() -> type[Any]:
     """The class of :func:`_usage_tap` (built at the first use: LangChain is imported only
     when a LangChain adapter is)."""
-    import threading
 
     from langchain_core.callbacks import BaseCallbackHandler
 
@@ -371,8 +408,7 @@ def _usage_tap_type() -> type[Any]:
 
         def __init__(self) -> None:
             super().__init__()
-            self._lock = threading.Lock()  # a sync chain may run its LLM calls in threads
-            self._sums: list[int | None] | None = None
+            self.tokens = _TokenSums()
 
         @property
         def ignore_chain(self) -> bool:  # only LLM ends matter: skip the rest cheaply
@@ -399,27 +435,11 @@ def _usage_tap_type() -> type[Any]:
             return True
 
         def on_llm_end(self, response: Any, **kwargs: Any) -> None:
-            counts = _llm_result_counts(response)
-            if counts[0] is None and counts[1] is None:
-                return
-            with self._lock:
-                sums = self._sums
-                if sums is None:
-                    self._sums = list(counts)
-                    return
-                for i, v in enumerate(counts):
-                    if v is not None:
-                        old = sums[i]
-                        sums[i] = v if old is None else old + v
+            self.tokens.add(_llm_result_counts(response))
 
         def counts(self) -> _Counts | None:
-            """``(input, output, cache_read, cache_write, cache_write_1h)`` tokens summed
-            over the calls seen (``None`` in a place no call reported), or ``None`` when no
-            call reported input or output tokens."""
-            sums = self._sums
-            if sums is None:
-                return None
-            return sums[0], sums[1], sums[2], sums[3], sums[4]
+            """The tokens of the calls seen (:meth:`_TokenSums.counts`)."""
+            return self.tokens.counts()
 
     return _UsageTap
 
@@ -632,13 +652,20 @@ def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
     ``query_wrapper_prompt``. An object with ``acomplete`` but without the ``LLM`` base class's
     formatting gets the template formatted plainly (or ``query.prompt``). The prompt is
     formatted once per query (:func:`li_format`; at its first sample if the caller has not)
-    and reused by every sample; each sample gets its own copy of a message list. The tokens
-    a response reports (see :func:`_li_counts`) are the sample's usage, so that a budget's
-    token and money caps hold. An LLM with an ``output_parser`` has its reply parsed by it,
-    as ``predict`` does (the format instructions it added to the prompt ask for that form):
-    the sample's text is ``str(output_parser.parse(reply))``, and a reply it cannot parse
-    fails its sample. LlamaIndex's own LLM instrumentation events fire for every sample.
+    and reused by every sample; each sample gets its own copy of a message list. An LLM with
+    an ``output_parser`` has its reply parsed by it, as ``predict`` does (the format
+    instructions it added to the prompt ask for that form): the sample's text is
+    ``str(output_parser.parse(reply))``, and a reply it cannot parse fails its sample.
+    LlamaIndex's own LLM instrumentation events fire for every sample.
+
+    The sample's tokens, so that a budget's token and money caps hold, are those of the LLM
+    calls the instrumentation saw end during the call (:func:`_li_tapped`; an LLM whose
+    ``achat`` runs ``complete`` is one call, counted once), which replace what the response
+    itself reports; where no call reported any, the response's own (:func:`_li_counts`: an
+    LLM outside LlamaIndex's instrumentation). A :class:`beacon.Generation` the LLM returns
+    with tokens or a cost of its own is taken as it is.
     """
+    _li_instrument()
     parse_output = getattr(llm, "_parse_output", None)
 
     async def generate(query: LIQuery) -> Generation:
@@ -646,18 +673,26 @@ def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
         if chat:
             # a list of its own: an LLM that edits the list it is given (appends, trims)
             # must not change what the query's other samples are sent
-            resp = await llm.achat(list(query.formatted))
+            messages = list(query.formatted)
+            resp, counts = await _li_tapped(lambda: llm.achat(messages))
         else:
-            resp = await llm.acomplete(query.formatted, formatted=True)
+            resp, counts = await _li_tapped(lambda: llm.acomplete(query.formatted, formatted=True))
         gen = coerce_generation(resp)
-        if gen is resp:  # the LLM's own Generation: edit a copy, never its object
+        own = gen is resp
+        if own:  # the LLM's own Generation: edit a copy, never its object
             gen = dataclasses.replace(gen)
         if callable(parse_output) and getattr(llm, "output_parser", None) is not None:
             # as LLM.predict: the parser's format instructions went out with the prompt
             gen.text = parse_output(gen.text)
-        if gen.input_tokens is None and gen.output_tokens is None:
-            (gen.input_tokens, gen.output_tokens, gen.cache_read_tokens,
-             gen.cache_write_tokens, gen.cache_write_1h_tokens) = _li_counts(resp)
+        if own and _reports(gen):  # the LLM's own accounting: the same call, not again
+            return gen
+        if counts is None:  # no call reported: the response's own usage, if any
+            if gen.input_tokens is not None or gen.output_tokens is not None:
+                return gen
+            counts = _li_counts(resp)
+        # the calls' totals replace the response's own usage (the same call's, in them)
+        (gen.input_tokens, gen.output_tokens, gen.cache_read_tokens,
+         gen.cache_write_tokens, gen.cache_write_1h_tokens) = counts
         return gen
 
     return generate
@@ -738,6 +773,164 @@ class _UsageView:
     usage: Any
 
 
+# -- LlamaIndex: the LLM calls made under one model or scorer call ------------------------------
+class _LITap:
+    """Sums the tokens of the LlamaIndex LLM calls made under one model or scorer call.
+
+    Fed by the instrumentation handlers of :func:`_li_instrument`, which route each event to
+    the tap in the context it fires in (:data:`_LI_TAP`, set by :func:`_li_tapped`) and to the
+    taps of the calls around that one (``outer``: a BEACON engine inside another's sample).
+
+    An LLM call made inside another LLM call (LlamaIndex's ``CustomLLM.acomplete`` runs
+    ``complete``, its ``achat`` runs ``chat`` then ``complete``: an end event for each, the
+    same usage in each) is one provider call: the innermost call that reports usage counts,
+    and the calls around it (found by the instrumentation spans' parents) do not; nor does
+    an end event whose response is one counted already (a streamed call passed through by
+    another, ``CustomLLM.astream_complete``'s, whose inner call starts after the outer span
+    has closed). Two calls side by side both count.
+    """
+
+    __slots__ = ("_covered", "_lock", "_seen", "outer", "parents", "tokens")
+
+    def __init__(self, outer: _LITap | None) -> None:
+        self.outer = outer
+        self.parents: dict[str, str | None] = {}  # span id -> its parent's, spans entered here
+        self._covered: set[str] = set()  # spans holding an LLM call already counted
+        # responses counted, by id; the value holds each alive so that its id is not reused
+        self._seen: dict[int, Any] = {}
+        self._lock = threading.Lock()  # sync LlamaIndex code may call LLMs in threads
+        self.tokens = _TokenSums()
+
+    def end(self, span_id: str | None, response: Any, counts: _Counts) -> None:
+        """An LLM call in span ``span_id`` ended with ``response``, reporting ``counts``: add
+        them, unless a call inside it, or this response, was counted already. The spans
+        around it are covered either way."""
+        with self._lock:
+            skip = id(response) in self._seen
+            if span_id is not None:
+                skip = skip or span_id in self._covered
+                parent = self.parents.get(span_id)
+                # once a span is covered, so are the spans around it: stop there
+                while parent is not None and parent not in self._covered:
+                    self._covered.add(parent)
+                    parent = self.parents.get(parent)
+            # skipped or not, this response is a counted call's: an outer call returning it
+            # again (a stream passed through) is that call
+            self._seen[id(response)] = response
+        if not skip:
+            self.tokens.add(counts)
+
+    def counts(self) -> _Counts | None:
+        """The tokens of the calls counted (:meth:`_TokenSums.counts`)."""
+        return self.tokens.counts()
+
+
+#: The tap of the model or scorer call running in this context (asyncio tasks, and the
+#: threads LlamaIndex and :func:`beacon._sync.call_in_thread` start, copy it).
+_LI_TAP: ContextVar[_LITap | None] = ContextVar("beacon_li_tap", default=None)
+
+
+async def _li_tapped(call: Callable[[], Awaitable[Any]]) -> tuple[Any, _Counts | None]:
+    """``call()``'s result, and the tokens of the LlamaIndex LLM calls made while it ran (see
+    :class:`_LITap`; ``None``: none reported any)."""
+    tap = _LITap(_LI_TAP.get())
+    token = _LI_TAP.set(tap)
+    try:
+        out = await call()
+    finally:
+        _LI_TAP.reset(token)
+    return out, tap.counts()
+
+
+@functools.cache
+def _li_handlers() -> tuple[Any, Any]:
+    """The instrumentation handlers feeding :class:`_LITap` (one pair per process; built at
+    the first use: LlamaIndex is imported only when a LlamaIndex adapter is)."""
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+    from llama_index.core.instrumentation.events.llm import (
+        LLMChatEndEvent,
+        LLMCompletionEndEvent,
+    )
+    from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+
+    ends = (LLMChatEndEvent, LLMCompletionEndEvent)
+
+    class _BeaconTokenEvents(BaseEventHandler):
+        """Hands each LLM call's end (a streamed call's: its last chunk) to the taps of the
+        context it fires in, with the tokens its response reports (:func:`_li_counts`)."""
+
+        @classmethod
+        def class_name(cls) -> str:
+            return "BeaconTokenEvents"
+
+        def handle(self, event: Any, **kwargs: Any) -> None:
+            tap = _LI_TAP.get()
+            if tap is None or not isinstance(event, ends) or event.response is None:
+                return  # every event of the process comes here: leave the others at once
+            counts = _li_counts(event.response)
+            if counts[0] is None and counts[1] is None:
+                return
+            while tap is not None:
+                tap.end(event.span_id, event.response, counts)
+                tap = tap.outer
+
+    class _BeaconTokenSpans(BaseSpanHandler[Any]):
+        """Records, in the taps of the context a span starts in, its parent span (what tells
+        an LLM call made inside another apart from two side by side). Keeps no spans."""
+
+        @classmethod
+        def class_name(cls) -> str:
+            return "BeaconTokenSpans"
+
+        def span_enter(self, id_: str, bound_args: Any, instance: Any = None,
+                       parent_id: str | None = None, tags: Any = None, **kwargs: Any) -> None:
+            tap = _LI_TAP.get()
+            while tap is not None:
+                tap.parents[id_] = parent_id
+                tap = tap.outer
+
+        def span_exit(self, id_: str, bound_args: Any, instance: Any = None,
+                      result: Any = None, **kwargs: Any) -> None:
+            return None
+
+        def span_drop(self, id_: str, bound_args: Any, instance: Any = None,
+                      err: BaseException | None = None, **kwargs: Any) -> None:
+            return None
+
+        def new_span(self, id_: str, bound_args: Any, instance: Any = None,
+                     parent_span_id: str | None = None, tags: Any = None,
+                     **kwargs: Any) -> None:
+            return None
+
+        def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None,
+                                 result: Any = None, **kwargs: Any) -> None:
+            return None
+
+        def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None,
+                                 err: BaseException | None = None, **kwargs: Any) -> None:
+            return None
+
+    return _BeaconTokenEvents(), _BeaconTokenSpans()
+
+
+_LI_INSTRUMENT_LOCK = threading.Lock()
+
+
+def _li_instrument() -> None:
+    """Put :func:`_li_handlers` on LlamaIndex's root dispatcher, unless they are there (the
+    handlers of every dispatcher that propagates reach it). Called when a LlamaIndex adapter
+    is built, never at import; checked each time, as code may have reset the root's lists."""
+    from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+
+    events, spans = _li_handlers()
+    root = get_dispatcher()
+    with _LI_INSTRUMENT_LOCK:  # two threads building adapters must not add them twice
+        if not any(h is events for h in root.event_handlers):
+            root.add_event_handler(events)
+        if not any(h is spans for h in root.span_handlers):
+            root.add_span_handler(spans)
+
+
 def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
     """``generate(query)``: one full response of an inner LlamaIndex query engine.
 
@@ -750,27 +943,43 @@ def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]
 
     The sample's source node contents are recorded in ``query.contexts`` under its text, for a
     LlamaIndex evaluator scorer (Faithfulness, Relevancy... need them as ``contexts``).
+
+    The sample's tokens are those of every LLM call the engine made for it (its synthesizer's,
+    each refine step's, a query transform's, a streamed answer's once read), as LlamaIndex's
+    instrumentation reports them (:func:`_li_tapped`), so that a budget's token and money caps
+    hold; ``None`` where no call reported usage.
     """
+    _li_instrument()
 
     async def generate(query: LIQuery) -> Generation:
-        from llama_index.core.base.response.schema import PydanticResponse
-
-        resp = await engine.aquery(query.bundle)
-        if isinstance(resp, PydanticResponse):
-            obj = resp.response
-            text = "" if obj is None else obj.model_dump_json()
-        else:
-            answer = getattr(resp, "response", None)
-            if answer is None and hasattr(resp, "response_gen"):
-                resp = await _maybe_await(resp.get_response())
-                answer = resp.response
-            text = "" if answer is None else str(answer)
-        nodes = getattr(resp, "source_nodes", None)
-        if nodes is not None:
-            query.contexts[text] = [n.get_content() for n in nodes]
-        return Generation(text, raw=resp)
+        (text, resp), counts = await _li_tapped(lambda: _engine_answer(engine, query))
+        if counts is None:
+            return Generation(text, raw=resp)
+        it, ot, read, write, h1 = counts
+        return Generation(text, it, ot, None, resp, read, write, h1)
 
     return generate
+
+
+async def _engine_answer(engine: Any, query: LIQuery) -> tuple[str, Any]:
+    """``(text, response)``: one complete response of ``engine`` to ``query`` (a stream read
+    to its end, which is when its LLM call ends), its sources noted in ``query.contexts``."""
+    from llama_index.core.base.response.schema import PydanticResponse
+
+    resp = await engine.aquery(query.bundle)
+    if isinstance(resp, PydanticResponse):
+        obj = resp.response
+        text = "" if obj is None else obj.model_dump_json()
+    else:
+        answer = getattr(resp, "response", None)
+        if answer is None and hasattr(resp, "response_gen"):
+            resp = await _maybe_await(resp.get_response())
+            answer = resp.response
+        text = "" if answer is None else str(answer)
+    nodes = getattr(resp, "source_nodes", None)
+    if nodes is not None:
+        query.contexts[text] = [n.get_content() for n in nodes]
+    return text, resp
 
 
 def _evaluator_kind(scorer: Any) -> str | None:
@@ -790,7 +999,11 @@ class _LIScore:
     (given the sample's source node contents as ``contexts`` in inner-engine mode).
 
     Returns the scorer's outputs as they are; the engine makes each one a reward with
-    :meth:`as_reward` (so one invalid value in a batch fails only its own sample).
+    :meth:`as_reward` (so one invalid value in a batch fails only its own sample). The tokens
+    of the LlamaIndex LLM calls the scorer made (an evaluator's or an LLM judge's, seen by
+    LlamaIndex's instrumentation: :func:`_li_tapped`) come with it as a :class:`beacon.Score`,
+    so that they count in the query's usage and budget; a batched call's go on its first
+    value. A ``Score`` the scorer returns with tokens or a cost of its own is taken as it is.
     """
 
     as_reward = staticmethod(to_reward)
@@ -801,6 +1014,14 @@ class _LIScore:
         self._evaluator = _evaluator_kind(scorer)
 
     async def __call__(self, query: LIQuery, response: Any) -> Any:
+        out, counts = await _li_tapped(lambda: self._score(query, response))
+        if counts is None:
+            return out
+        if self.batched:
+            return _spent_on_first(out, counts)
+        return _with_spend(out, counts)
+
+    async def _score(self, query: LIQuery, response: Any) -> Any:
         if self._evaluator is not None:
             # as the evaluator's own aevaluate_response(query, Response) calls it
             contexts = query.contexts.get(response)
@@ -855,4 +1076,5 @@ def li_score(scorer: Any) -> _LIScore:
             f"scorer must be a callable or a LlamaIndex evaluator (with aevaluate or evaluate), "
             f"got {type(scorer).__name__}"
         )
+    _li_instrument()
     return _LIScore(scorer)

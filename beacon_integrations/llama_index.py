@@ -294,7 +294,10 @@ class BeaconQueryEngine(BaseQueryEngine):
         max_concurrency: model calls in flight at once.
         retry: engine retry policy per call (default: 3 attempts with jittered backoff).
         timeout: seconds per model/scorer attempt (``None``: no limit).
-        budget: per-query caps on tokens, money or wall time.
+        budget: per-query caps on tokens, money or wall time. The tokens are those of every
+            LlamaIndex LLM call made for a sample (an inner engine's synthesizer and refine
+            calls included) and for its scoring (an evaluator's), read from LlamaIndex's
+            instrumentation ("Token accounting" in docs/integrations/llama_index.md).
         callback_manager: LlamaIndex callback manager (legacy callbacks).
         streaming: return the chosen answer as a ``StreamingResponse`` (``query``) or an
             ``AsyncStreamingResponse`` (``aquery``), what a streaming chat engine
