@@ -11,7 +11,9 @@ Two events exist:
 * :class:`SampleEvent` -- one per sample, when its reward is fed to the Stopper (in draw order)
   or when it is recorded as failed.
 * :class:`DecisionEvent` -- one per Stopper decision, mirroring its
-  :class:`~beacon.stopper.TraceRecord`.
+  :class:`~beacon.stopper.TraceRecord`; the final ``stop`` is delivered also when the query
+  ends with ``error`` (an observer that raised is called for it too; a second error of it is
+  not reported).
 
 ``query_id`` tells queries apart inside ``arun_many`` (the prompt's position); it is ``None``
 for a single ``arun``. Events never carry credentials.

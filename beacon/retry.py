@@ -128,7 +128,9 @@ def retry_after_of(exc: BaseException) -> float | None:
 
     An ``exc.retry_after`` number (this package's HTTP scorer sets it) wins; otherwise the
     ``retry-after-ms`` or ``retry-after`` header of ``exc.response`` (the OpenAI and Anthropic
-    SDKs' and httpx's status errors carry the response).
+    SDKs' and httpx's status errors carry the response), else of ``exc.headers`` (aiohttp's
+    ``ClientResponseError`` from ``raise_for_status()`` and urllib's ``HTTPError`` carry the
+    headers themselves).
     """
     ra = getattr(exc, "retry_after", None)
     if ra is not None and is_real(ra):
@@ -136,7 +138,9 @@ def retry_after_of(exc: BaseException) -> float | None:
         return f if f >= 0 else None  # NaN and negatives: no hint; inf: beyond max_retry_after
     headers = getattr(getattr(exc, "response", None), "headers", None)
     if headers is None:
-        return None
+        headers = getattr(exc, "headers", None)
+        if headers is None:
+            return None
     ms = _seconds(_header(headers, "retry-after-ms"))
     if ms is not None:
         return ms / 1000.0
@@ -213,12 +217,13 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_attempts", positive_int("max_attempts", self.max_attempts))
+        # compared as floats: an int of hundreds of digits is infinite, not an OverflowError
         for name in ("base_delay", "max_delay", "max_retry_after"):
             v = getattr(self, name)
-            if not is_real(v) or not 0 <= v < math.inf:
+            if not is_real(v) or not 0 <= real_as_float(v) < math.inf:
                 raise ConfigError(name, v, "must be a finite number of seconds >= 0")
         m = self.multiplier
-        if not is_real(m) or not 1 <= m < math.inf:
+        if not is_real(m) or not 1 <= real_as_float(m) < math.inf:
             raise ConfigError("multiplier", m, "must be a finite number >= 1")
         j = self.jitter
         if not is_real(j) or not 0 <= j <= 1:

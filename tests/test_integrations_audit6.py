@@ -172,11 +172,14 @@ def test_a_judge_chains_cache_split_is_priced() -> None:
 
 
 def test_a_judge_chains_tokens_count_toward_max_tokens() -> None:
-    # 37 (model) + 203 (judge) = 240 a sample: a cap of 500 is reached at the third sample.
+    # 37 (model) + 203 (judge) = 240 a sample: a cap of 400 is reached at the second sample
+    # (the model's 37 alone would reach it at the eleventh), before the Stopper's first
+    # decision at k0 = 3.
     res = _run(_model(), scorer=JUDGE_PROMPT | _judge() | StrOutputParser(),
-               budget=Budget(max_tokens=500), max_concurrency=1, _dict=False)
-    assert res.stop_reason == "budget" and len(res.candidates) == 3
-    assert res.usage.total_tokens == 3 * 240
+               budget=Budget(max_tokens=400), max_concurrency=1, _dict=False)
+    assert res.stop_reason == "budget" and len(_ok(res)) == 2, res.candidates
+    # a third sample generated meanwhile (its 37 model tokens paid) is cancelled unscored
+    assert res.usage.total_tokens == 2 * 240 + 37 * res.usage.cancelled
 
 
 # -- 3. several LLM calls in one chain ------------------------------------------------------------

@@ -117,9 +117,10 @@ def _check_spend(obj: Generation | Score, owner: str) -> None:
         _check_cache(obj, owner)  # apart: no cost per sample where none is reported
     c = obj.cost
     if c is not None:
-        if not is_real(c) or not 0 <= c < math.inf:
+        # compared as a float: an int of hundreds of digits is infinite, not an OverflowError
+        if not is_real(c) or not 0 <= (f := real_as_float(c)) < math.inf:
             raise ConfigError(f"{owner}.cost", c, "must be a finite number >= 0 or None")
-        obj.cost = float(c)
+        obj.cost = f
 
 
 def _check_counts(obj: Any, owner: str, *names: str) -> None:
@@ -536,11 +537,12 @@ def _is_async_callable(fn: Any) -> bool:
 def as_reward(r: Any, position: Any) -> float:
     """A scorer's number as a finite float reward (``position``: the sample's, for errors).
 
-    A real number (numpy's too; an int beyond the float range is infinite), or a bool --
-    ``numpy.bool_`` included -- as 1.0 / 0.0 (a verifier's verdict). An exception instance is
-    raised as it is: a scorer's way to fail one sample of a batch with its own error (e.g. the
-    HTTP scorer's ``RewardResponseError`` naming the field). Anything else, and a non-finite
-    value, is a :class:`beacon.RewardError` naming ``position``.
+    A real number (numpy's too, a 0-d array included; an int beyond the float range is
+    infinite), or a bool -- ``numpy.bool_`` included -- as 1.0 / 0.0 (a verifier's verdict).
+    An exception instance is raised as it is: a scorer's way to fail one sample of a batch
+    with its own error (e.g. the HTTP scorer's ``RewardResponseError`` naming the field).
+    Anything else (an array of more dimensions: a reward model's unsqueezed ``(n, 1)``
+    output), and a non-finite value, is a :class:`beacon.RewardError` naming ``position``.
     """
     if type(r) is float:
         if math.isfinite(r):
@@ -550,6 +552,14 @@ def as_reward(r: Any, position: Any) -> float:
     if not isinstance(r, numbers.Real | np.bool_):
         if isinstance(r, Exception):
             raise r
+        if isinstance(r, np.ndarray):
+            if r.ndim == 0:  # a 0-d array (``np.array(0.7)``, a tensor's ``.numpy()``): a scalar
+                return as_reward(r[()], position)
+            raise RewardError(
+                position, r,
+                f"scorer must return one real number per response, got an array of shape "
+                f"{r.shape} (a reward model's (n, 1) output: squeeze it, or take .item())",
+            )
         raise RewardError(position, r, "scorer must return a real number")
     x = real_as_float(r)
     if not math.isfinite(x):

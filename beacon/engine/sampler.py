@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
-from beacon._checks import boolean, is_integer, is_real, positive_int
+from beacon._checks import boolean, is_integer, is_real, positive_int, real_as_float
 from beacon._sync import run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
@@ -52,7 +52,7 @@ def _timeout(name: str, v: Any) -> float | None:
         return None
     if not is_real(v) or not v > 0:
         raise ConfigError(name, v, "must be a positive number of seconds or None")
-    return float(v)
+    return real_as_float(v)  # an int of hundreds of digits: no limit, as float("inf")
 
 
 def _observers(name: str, v: Any) -> tuple[Observer, ...]:
