@@ -782,8 +782,8 @@ def cross_fit(
         data: the raw log (``bernoulli`` fits on its ``correct`` labels).
         family: ``normal`` (NIG prior), ``bernoulli`` or ``judge`` (Beta prior).
         transform: ``gaussianize`` (fitted per fold on the training prompts' raw rewards),
-            ``logit``, ``none``/None, or a :class:`RewardTransform` used as given. Only the
-            ``normal`` family takes a transform.
+            ``logit``, ``none`` (or ``identity``)/None, or a :class:`RewardTransform` used as
+            given. Only the ``normal`` family takes a transform.
         folds: K >= 2 (at most the number of prompts).
         seed: seed of the fold split (:func:`fold_assignment`).
         fitter: ``fitter(train_rewards, family, transform) -> FitResult``; defaults to
@@ -793,7 +793,7 @@ def cross_fit(
         raise ConfigError("family", family, "cross-fitting supports normal, bernoulli and judge")
     kind: str
     spec: str | RewardTransform | None
-    if transform is None or (isinstance(transform, str) and transform == "none"):
+    if transform is None or (isinstance(transform, str) and transform in ("none", "identity")):
         kind, spec = "none", None
     elif isinstance(transform, RewardTransform):
         kind, spec = transform.kind, transform
@@ -822,6 +822,16 @@ def cross_fit(
             # and fail only on one fold's training prompts: say which ones were fitted
             if type(exc) is not ConfigError:
                 raise
+            if fitter is None:
+                # the same failure on the whole log (rewards that never vary, one sample per
+                # prompt): no number of folds helps, so it is reported as the log's own
+                try:
+                    _default_fitter(fam.rewards, family, spec)
+                except ConfigError as whole:
+                    if type(whole) is ConfigError and whole.field == exc.field:
+                        raise ConfigError(
+                            whole.field, whole.value, f"{whole.reason} (on the whole log)"
+                        ) from exc
             raise ConfigError(
                 exc.field, exc.value,
                 f"{exc.reason} (cross-fitting fold {f} of {int(folds)}: its prior is fitted on "
@@ -1553,11 +1563,18 @@ def choose_cost_for_target_samples(
     feasible = [i for i, p in enumerate(pts) if ok(p.metrics)]
     if not feasible:
         least = min(p.metrics.avg_samples for p in pts)
+        # the priors replayed: with crossfit the folds' fitted ones (k0 <= 1), not cfg's own
+        k0 = cfg.k0 if crossfit is None else max(
+            rewards_before_first_decision(fit.prior) for fit in crossfit.fits
+        )
+        why = f"the prior needs k0 = {k0} before the first decision"
+        if least > k0:
+            why += f"; a c above {pts[-1].cost:.4g} stops sooner"
         raise ConfigError(
             "target_samples",
             target,
             f"not reachable: even the largest c swept ({pts[-1].cost:.4g}) uses {least:.3g} "
-            f"samples on average (the prior needs k0 = {cfg.k0} before the first decision)",
+            f"samples on average ({why})",
         )
     i = feasible[0]
     if i == 0:
@@ -1620,6 +1637,57 @@ def choose_cost_for_max_quality_loss(
         )
     c, m = _bisect_log(data, cfg, pts[i].cost, pts[i].metrics, pts[i + 1].cost, ok, steps, crossfit)
     return CostChoice(c, m, "max-quality-loss")
+
+
+def _same_policy(a: PolicyMetrics, b: PolicyMetrics) -> bool:
+    """BEACON made the same choices at both costs, as far as any printed number can tell."""
+    return (
+        a.avg_samples == b.avg_samples
+        and a.mean_standardized_reward == b.mean_standardized_reward
+        and a.mean_best_reward == b.mean_best_reward
+        and a.accuracy == b.accuracy
+        and a.stop_reasons == b.stop_reasons
+        and a.truncated == b.truncated
+    )
+
+
+# The fewest significant digits a recommended c is shortened to (the CLI prints c with 4).
+_COST_DIGITS = 4
+
+
+def _short_cost(
+    data: LoggedRewards,
+    cfg: BeaconConfig,
+    cost: float,
+    metrics: PolicyMetrics,
+    crossfit: CrossFit | None = None,
+) -> tuple[float, PolicyMetrics]:
+    """``cost`` shortened to the fewest significant digits (4 or more) at which BEACON makes
+    the same choices as at ``cost``, and its metrics there; ``(cost, metrics)`` if none does.
+
+    A recommended ``c`` is printed, and pasted into ``beacon replay --cost`` or a config:
+    a budget's bisected ``c`` (0.11903517878502555) sits just inside the boundary where
+    ``E[K]`` changes, and printed as ``0.119`` it replayed to 5.01 samples, not the 5.00
+    printed for it. Each candidate (the nearest shorter decimals on both sides) is replayed
+    once; at most ``2 * 6`` replays, only for the recommendation.
+    """
+    if not (math.isfinite(cost) and cost > 0):
+        return cost, metrics
+    for digits in range(_COST_DIGITS, _COST_DIGITS + 6):
+        near = float(f"{cost:.{digits - 1}e}")
+        if near == cost:
+            return cost, metrics
+        step = 10.0 ** (math.floor(math.log10(near)) - digits + 1)
+        other = float(f"{(near + step if near < cost else near - step):.{digits - 1}e}")
+        for cand in (near, other):
+            try:
+                shorter = cfg.replace(cost=cand)
+            except ConfigError:  # 1.000 for a bernoulli c of 0.99996: not a cost
+                continue
+            m = evaluate_beacon(data, shorter, crossfit)
+            if _same_policy(m, metrics):
+                return cand, m
+    return cost, metrics
 
 
 def _active_range(coarse: Sequence[SweepPoint], points: int) -> FloatArray:
@@ -1781,6 +1849,11 @@ def tune(
     else:
         kp = points[knee]
         choice = CostChoice(kp.cost, kp.metrics, "knee")
+    if all(choice.metrics is not p.metrics for p in points):
+        # a budget's bisected c, printed to be pasted: the shortest with the same choices (a
+        # knee or a budget met at a swept point keeps the sweep's own c)
+        short, short_m = _short_cost(data, cfg, choice.cost, choice.metrics, crossfit)
+        choice = replace(choice, cost=short, metrics=short_m)
     fixed = evaluate_fixed(data, cfg.horizon, choice.cost)
     return TuneResult(
         config=cfg,

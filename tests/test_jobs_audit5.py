@@ -278,7 +278,10 @@ def test_tune_deploy_config_without_options_adds_none(tmp_path: Path) -> None:
     code, out, err = run("tune", log, "--points", "8", "--json")
     assert code == 0, err
     kw = _config_kwargs(json.loads(out)["deploy"])
-    assert not {"horizon", "batch_size", "robust"} & set(kw)
+    assert not {"batch_size", "robust"} & set(kw)
+    # c was tuned at the log's samples per prompt, which the deployed config must name (the
+    # default horizon's index would stop elsewhere at the same c)
+    assert kw.get("horizon") == str(_rewards().shape[1]), kw
 
 
 def test_tune_deploy_config_of_a_bernoulli_log_carries_the_horizon(tmp_path: Path) -> None:

@@ -75,6 +75,7 @@ __all__ = [
     "build_config",
     "check_input_file",
     "check_output_file",
+    "check_prior_file_family",
     "echo_json",
     "err_console",
     "fail",
@@ -717,17 +718,19 @@ def select_prompts(
         return data, []
     if min_samples < 1:
         usage_error(f"{min_samples}: must be >= 1", "--min-samples")
+    what = "logged samples"
     if family == "bernoulli" and data.has_labels:
         assert data.correct is not None
         # labels counted directly: for_family refuses a log with unlabelled prompts, which
         # is what --min-samples is for
         counts = np.sum(~np.isnan(data.correct), axis=1)
+        what = "labelled samples"  # a prompt with rewards but no labels has 0 of them
     else:
         counts = data.for_family(family).counts
     keep = counts >= min_samples
     if not keep.any():
         usage_error(
-            f"{min_samples}: no prompt in {data.source} has that many logged samples (the "
+            f"{min_samples}: no prompt in {data.source} has that many {what} (the "
             f"longest has {int(counts.max(initial=0))})",
             "--min-samples",
         )
@@ -735,8 +738,8 @@ def select_prompts(
         return data, []
     left_out = int((~keep).sum())
     note = (
-        f"left out {left_out} of {data.n_prompts} prompts with fewer than {min_samples} logged "
-        "samples (--min-samples)"
+        f"left out {left_out} of {data.n_prompts} prompts with fewer than {min_samples} {what} "
+        "(--min-samples)"
     )
     return data.subset(np.flatnonzero(keep)), [note]
 
@@ -820,6 +823,8 @@ def log_setup(
         None if mode == PRIOR_FIT else transform,
     )
     notes += resolved
+    if mode == "file":
+        check_prior_file_family(Path(str(prior)), family)
     fam_data = data.for_family(family)  # a bernoulli log without 0/1 labels fails here
     if family == "normal" and data.is_binary:
         notes = [
@@ -897,6 +902,28 @@ def log_setup(
     return LogSetup(cfg, cf, notes, spec)
 
 
+def check_prior_file_family(path: Path, family: str) -> None:
+    """A prior file from ``fit-prior`` is for the family it names in ``fitted_on.family``.
+
+    The judge and bernoulli families share the Beta prior, so the prior alone cannot tell
+    them apart: a judge prior (wins ``r > 1/2`` of probabilities) replayed as ``--family
+    bernoulli`` (correctness labels), or the reverse, ran silently with another quantity's
+    prior, and a judge prior without ``--family`` failed as "the normal family needs an
+    NIGPrior". Now a usage error on ``--prior`` naming the family to pass. A bare prior
+    object (no ``fitted_on``) is not checked. Called (replay, tune, run, submit) after the
+    file was read and checked as a prior.
+    """
+    data = _read_json(path, "--prior")  # already read and checked by load_prior_file
+    fitted = data.get("fitted_on") if isinstance(data, dict) and "prior" in data else None
+    fam = fitted.get("family") if isinstance(fitted, dict) else None
+    if isinstance(fam, str) and fam != family:
+        usage_error(
+            f"{str(path)!r} holds a prior fitted for the {fam} family (its fitted_on.family), "
+            f"not for {family}: pass --family {fam}",
+            "--prior",
+        )
+
+
 def scale_note(data: LoggedRewards, cfg: BeaconConfig, what: str = "") -> list[str]:
     """A note when the rewards' spread is below what the normal family resolves.
 
@@ -948,6 +975,8 @@ def _fit_options(
             f"{family!r}: --prior fit supports the {', '.join(_FIT_FAMILIES)} families", "--family"
         )
     spec = transform if transform is not None else ("gaussianize" if family == "normal" else "none")
+    if spec == "identity":
+        spec = "none"  # the spelling replay, tune and fit-prior accept without --prior fit
     fitted_with: str | RewardTransform | None
     if spec in FIT_TRANSFORMS:
         fitted_with = spec

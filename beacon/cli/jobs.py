@@ -37,9 +37,11 @@ from beacon.cli.common import (
     check_family,
     check_input_file,
     check_output_file,
+    check_prior_file_family,
     err_console,
     fail,
     guarded,
+    one_line_warnings,
     option_error,
     options_for,
     out_console,
@@ -227,9 +229,14 @@ def _kwargs(text: str | None, option: str) -> dict[str, Any]:
     src = text
     if text.startswith("@"):
         p = Path(text[1:])
+        if p.is_dir():
+            usage_error(f"{str(p)!r} is a directory, not a JSON file", option)
         if not p.is_file():
             usage_error(f"file {str(p)!r} does not exist", option)
-        src = p.read_text(encoding="utf-8-sig")
+        try:
+            src = p.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError:  # a binary file given by mistake: was a bare traceback
+            usage_error(f"file {str(p)!r} is not a UTF-8 text file", option)
     try:
         data = json.loads(src)
     except json.JSONDecodeError as exc:
@@ -246,9 +253,14 @@ def _factory(path: str, kwargs: dict[str, Any], option: str) -> FactorySpec:
         option_error(exc, option if exc.field == "factory" else f"{option}-kwargs")
 
 
-def _base_config(path: Path | None) -> dict[str, Any]:
+_JOB_PARTS = ("generator", "scorer", "sampling", "keep_candidates")
+
+
+def _base_config(path: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config fields of the ``--config`` file, and the other parts of a job spec given
+    there (``generator``, ``scorer``, ``sampling``, ``keep_candidates``; empty for a config)."""
     if path is None:
-        return {}
+        return {}, {}
     if path.is_dir():
         usage_error(f"{str(path)!r} is a directory, not a JSON file", "--config")
     if not path.is_file():
@@ -257,6 +269,8 @@ def _base_config(path: Path | None) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         fail(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
+    except UnicodeDecodeError:  # a binary file given by mistake: was a bare traceback
+        fail(f"{path}: not a UTF-8 text file")
     if isinstance(data, dict) and "prior" in data and "fitted_on" in data:
         # fit-prior's output, given to the wrong option: it used to fail on 'fitted_on' as an
         # unknown config field, which does not say what to do
@@ -265,14 +279,50 @@ def _base_config(path: Path | None) -> dict[str, Any]:
             f"pass it as --prior {shlex.quote(str(path))}",
             "--config",
         )
+    job: dict[str, Any] = {}
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        job = {k: data[k] for k in _JOB_PARTS if k in data}
         data = data["config"]  # a job spec or a result's config block
     if not isinstance(data, dict):
         fail(f"{path}: a config file must hold a JSON object")
     try:
-        return BeaconConfig.from_dict(data).to_dict()
+        return BeaconConfig.from_dict(data).to_dict(), job
     except ConfigError as exc:
         fail(f"{path}: {exc}")
+
+
+def _check_job_parts(path: Path | None, job: Mapping[str, Any], gen: FactorySpec,
+                     sco: FactorySpec, sampling: Mapping[str, Any], candidates: bool) -> None:
+    """A job spec given as ``--config`` (``JobSpec.to_dict()``): only its ``config`` is read,
+    so a part of it that differs from the command's own options is a usage error naming it.
+    Dropped silently, its budget caps (``max_cost`` with prices, ``max_tokens``...) went
+    unenforced, its factory kwargs and ``keep_candidates`` unused, with no word said."""
+    ignored: list[str] = []
+    for role, built in (("generator", gen), ("scorer", sco)):
+        if role in job:
+            try:
+                same = FactorySpec.from_dict(job[role], field_name=role) == built
+            except JobInputError:
+                same = False
+            if not same:
+                ignored.append(f"{role} {json.dumps(job[role])}")
+    sampling_in = job.get("sampling")
+    theirs = dict(sampling_in) if isinstance(sampling_in, Mapping) else {"sampling": sampling_in}
+    lost = {k: v for k, v in theirs.items() if v is not None and sampling.get(k) != v}
+    if lost:
+        ignored.append(f"sampling {json.dumps(lost, default=repr)}")
+    if job.get("keep_candidates") is True and not candidates:
+        ignored.append("keep_candidates true")
+    if ignored:
+        usage_error(
+            f"{str(path)!r} is a job spec; --config reads only its 'config', and its "
+            f"{'; '.join(ignored)} would be ignored: give them as options (-g/-s, "
+            "--generator-kwargs/--scorer-kwargs, --max-seconds, --max-tokens, --timeout, "
+            "--max-attempts, --max-retry-after, --candidates), or run the spec from Python "
+            "(run_job(prompts, JobSpec.from_dict(...), out), which takes every sampling "
+            "option, max_cost and prices included)",
+            "--config",
+        )
 
 
 def build_job_spec(
@@ -299,7 +349,7 @@ def build_job_spec(
     """The :class:`JobSpec` of the command-line options (usage errors exit 2)."""
     gen = _factory(generator, _kwargs(generator_kwargs, "--generator-kwargs"), "--generator")
     sco = _factory(scorer, _kwargs(scorer_kwargs, "--scorer-kwargs"), "--scorer")
-    fields = _base_config(config)
+    fields, job_parts = _base_config(config)
     if family is not None:
         fields["family"] = check_family(family)
     for name, v in (
@@ -312,6 +362,8 @@ def build_job_spec(
             fields[name] = v
     pr, tr, notes = resolve_prior_and_transform(prior, transform)
     if pr is not None:
+        assert prior is not None
+        check_prior_file_family(prior, str(fields.get("family", "normal")))
         fields["prior"] = pr
     if tr is not None or transform is not None:
         fields["transform"] = tr
@@ -335,6 +387,7 @@ def build_job_spec(
     except JobInputError as exc:
         opt = "--" + exc.field.split(".")[-1].replace("_", "-")
         option_error(exc, opt)
+    _check_job_parts(config, job_parts, gen, sco, spec.sampling, candidates)
     return spec, notes
 
 
@@ -503,6 +556,7 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
 
 # -- beacon run ------------------------------------------------------------------------------------
 @guarded
+@one_line_warnings
 def run_command(
     prompts: PromptsArg,
     generator: GeneratorOpt,
@@ -698,6 +752,7 @@ def run_command(
         except KeyboardInterrupt:
             interrupted = True
             state = last[0]
+            history = state.warm_start  # the refits made before the interruption
     counts: dict[str, Any] = {
         "done": state.done,
         "failed": state.failed,
@@ -710,6 +765,7 @@ def run_command(
         "dpo_rebuilt": state.dpo_rebuilt,
         "dpo_rerun": state.dpo_rerun,
         "dpo_missing": state.dpo_missing,
+        "no_candidates": state.no_candidates,
         "other_lines": state.other_lines,
         "elapsed": time.perf_counter() - t0,
         "interrupted": interrupted,
@@ -751,6 +807,14 @@ def run_command(
                 "--cost, --horizon, factory or kwargs gives new keys: such prompts are run "
                 "anew, not skipped); they were left as they are. Write each job to its own "
                 "--out to keep them apart.",
+                markup=False,
+            )
+        if state.no_candidates:
+            err_console.print(
+                f"note: {state.no_candidates} of the skipped prompt(s) have no candidates in "
+                f"{out}: an earlier run wrote their lines without --candidates, and a finished "
+                "prompt is not run again (--candidates applies to the prompts run now). Write "
+                "to a new --out to have every prompt's candidates (paid model calls).",
                 markup=False,
             )
         if state.dpo_missing:

@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from beacon.cli.common import (
+    DEFAULT_HORIZON,
     BatchOpt,
     FamilyOpt,
     FoldsOpt,
@@ -69,7 +70,9 @@ from beacon.evaluation import (
 __all__ = [
     "QUALITY_LABELS",
     "check_plot_path",
+    "choice_cost_text",
     "config_options",
+    "cost_text",
     "deploy_lines",
     "matched_range",
     "plot_tune",
@@ -111,6 +114,27 @@ def matched_range(res: TuneResult) -> tuple[float, float]:
     """
     diffs = [md.diff for md in res.sweep_matched()]
     return min(diffs), max(diffs)
+
+
+def cost_text(c: float) -> str:
+    """A budget's recommended ``c`` as printed: 4 significant digits, more where those would
+    read back as another number (:func:`beacon.evaluation.tune` shortens a bisected ``c`` to
+    the fewest digits at which BEACON makes the same choices), so that pasting it into
+    ``beacon replay --cost`` or a config replays the numbers printed for it."""
+    for digits in range(4, 18):
+        text = f"{c:.{digits}g}"
+        if float(text) == c:
+            return text
+    return repr(c)
+
+
+def choice_cost_text(res: TuneResult) -> str:
+    """The recommended ``c`` as printed: a swept point's with 4 significant digits, as the
+    sweep table prints it; a budget's bisected ``c`` by :func:`cost_text`."""
+    ch = res.choice
+    if any(p.metrics is ch.metrics for p in res.points):
+        return f"{ch.cost:.4g}"
+    return cost_text(ch.cost)
 
 
 def _pm_se(md: MatchedDifference, scale: float | None) -> str:
@@ -499,7 +523,7 @@ def sweep_table(res: TuneResult) -> Table:
         k = m.avg_samples
         ratio = "-" if not md.se else f"{md.diff / md.se:+.2f}"
         t.add_row(
-            f"{cost:.4g}",
+            choice_cost_text(res) if m is res.choice.metrics else f"{cost:.4g}",
             f"{k:.2f}",
             fmt(quality_of(m, q) / unit),
             fmt(interpolate_fixed(res.fixed, k, q) / unit),
@@ -533,7 +557,7 @@ def variants_table(results: list[TuneResult]) -> Table:
         name = variant_label(r, short=True) + (" *" if i == len(results) - 1 else "")
         t.add_row(
             name,
-            f"{r.choice.cost:.4g}",
+            choice_cost_text(r),
             f"{m.avg_samples:.2f}",
             fmt(mine / unit),
             fmt(theirs / unit),
@@ -585,6 +609,21 @@ def replay_options(
     if min_samples is not None:
         settings.insert(1 if horizon is not None else 0, (f"--min-samples {min_samples}", ""))
     return "".join(f" {option}" for option, _ in settings)
+
+
+def _deployed_horizon(horizon: int | None, res: TuneResult) -> int | None:
+    """The horizon the deploy hint's ``BeaconConfig`` must name: the one ``c`` was tuned at.
+
+    That is ``res.config.horizon``, capped at the samples every prompt has: a log of 10
+    samples per prompt tunes ``c`` at horizon 10, and the h-index of another horizon (the
+    default 32, or a ``--horizon 50`` the log could not reach) stops elsewhere at the same
+    ``c``. None (the default, not repeated) when the tuned horizon is the default one and
+    ``--horizon`` was not given.
+    """
+    tuned = res.config.horizon
+    if horizon is None and tuned == DEFAULT_HORIZON:
+        return None
+    return tuned
 
 
 def config_options(horizon: int | None, batch_size: int, robust: bool) -> str:
@@ -651,22 +690,25 @@ def deploy_lines(
                     "the others out of a copy of the log first; fit-prior refuses them):")
     if fam == "normal":
         lines.append(
-            f"  and use cost = c x within_scale = {res.choice.cost:.4g} x {fit.within_scale:.4g}"
+            f"  and use cost = c x within_scale = {choice_cost_text(res)} x "
+            f"{fit.within_scale:.4g}"
             f" = {model_cost:.4g} in model units: BeaconConfig(prior=..., transform=..., "
             f"cost={model_cost:.4g}{config_opts}) "
             f"(beacon.fitting.load_fit('prior.json').config(cost=...{config_opts}))."
         )
     elif config_opts:
         lines.append(
-            f"  and use cost = {res.choice.cost:.4g} (successes per sample): "
-            f"BeaconConfig(family={fam!r}, prior=..., cost={res.choice.cost:.4g}{config_opts})."
+            f"  and use cost = {choice_cost_text(res)} (successes per sample): "
+            f"BeaconConfig(family={fam!r}, prior=..., cost={choice_cost_text(res)}"
+            f"{config_opts})."
         )
     else:
-        lines.append(f"  and use cost = {res.choice.cost:.4g} (successes per sample).")
+        lines.append(f"  and use cost = {choice_cost_text(res)} (successes per sample).")
     lines.append(
         f"  Re-check on this log without leakage: beacon replay {log_arg} --prior fit{cli_opts}"
         f"{replay_opts} "
-        f"--cost {res.choice.cost:.4g}" + ("" if cf.n_folds == 5 else f" --folds {cf.n_folds}")
+        f"--cost {choice_cost_text(res)}"
+        + ("" if cf.n_folds == 5 else f" --folds {cf.n_folds}")
     )
     return lines
 
@@ -685,7 +727,7 @@ def recommendation_lines(res: TuneResult) -> list[str]:
         "max-quality-loss": "the largest c within the allowed quality loss",
     }[ch.rule]
     lines = [
-        f"Recommended: BEACON with the {variant_label(res)}, c = {ch.cost:.4g} ({why}; "
+        f"Recommended: BEACON with the {variant_label(res)}, c = {choice_cost_text(res)} ({why}; "
         f"{cost_units(res.crossfit, res.config.family)}).",
         f"  BEACON: {m.avg_samples:.2f} samples per prompt ({saved:.0f}% fewer than "
         f"best-of-{full.n}), {q} {fmt(quality_of(m, q), scale=qs)}; best-of-N at the same "
@@ -932,7 +974,7 @@ def tune_command(
             setup.transform_spec,
             replay_options(horizon, min_samples, batch_size, robust),
             whole,
-            config_options(horizon, batch_size, robust),
+            config_options(_deployed_horizon(horizon, res), batch_size, robust),
         )
     )
     if as_json:
@@ -1002,13 +1044,20 @@ def _judge_hint(data: LoggedRewards, res: TuneResult, family: str) -> list[str]:
     mine = quality_of(rm, q) - interpolate_fixed(res.fixed, rm.avg_samples, q)
     jraw = jm.mean_best_reward - interpolate_fixed(j.fixed, jm.avg_samples, "reward")
     mraw = rm.mean_best_reward - interpolate_fixed(res.fixed, rm.avg_samples, "reward")
+    # raw differences as the tables print raw rewards: rewards of 1e-9 are not "+0.0000"
+    rs = reward_scale(res.fixed)
+    qs = rs if q == "reward" else None
+
+    def show(x: float, digits: int = 3, scale: float | None = qs) -> str:
+        return fmt(x, digits, scale=scale, sign=True)
+
     return [
         f"all rewards lie in [0, 1]. If they are a pairwise judge's win probabilities, try "
         f"--family judge (a Beta model of 'has a win, r > {WIN_THRESHOLD:g}, been found'): on "
-        f"this log its knee uses {jm.avg_samples:.2f} samples, {jd:+.3f} {q} ({jraw:+.4f} raw "
-        f"reward) vs best-of-N at the same samples ({lo:+.3f}..{hi:+.3f} over its sweep, which "
-        f"cannot go past the first win), against {mine:+.3f} ({mraw:+.4f} raw) for the "
-        f"recommended variant."
+        f"this log its knee uses {jm.avg_samples:.2f} samples, {show(jd)} {q} "
+        f"({show(jraw, 4, rs)} raw reward) vs best-of-N at the same samples "
+        f"({show(lo)}..{show(hi)} over its sweep, which cannot go past the first win), against "
+        f"{show(mine)} ({show(mraw, 4, rs)} raw) for the recommended variant."
     ]
 
 

@@ -52,7 +52,7 @@ from beacon.errors import ConfigError
 from beacon.jobs.dpo import DpoWriter
 from beacon.jobs.execute import Outcome, PromptExecutor, line_error_record, prepare_config
 from beacon.jobs.keys import InputKeys, check_unique_ids, record_key
-from beacon.jobs.output import KeyedJsonlWriter, read_jsonl
+from beacon.jobs.output import KeyedJsonlWriter, OutputError, read_jsonl
 from beacon.jobs.resume import resume_outputs
 from beacon.jobs.spec import (
     JobInputError,
@@ -82,10 +82,14 @@ class JobProgress:
     earlier failed lines removed to be run again; ``dpo_rebuilt``: DPO pairs written from the
     candidates kept in earlier output lines; ``dpo_rerun``: earlier ok prompts run again because
     their DPO pair was never written; ``dpo_missing``: earlier ok prompts left without their
-    DPO pair because those reruns were refused (``dpo_rerun=False``); ``other_lines``: lines
+    DPO pair because those reruns were refused (``dpo_rerun=False``); ``no_candidates``: of
+    the ``skipped``, those whose line an earlier run wrote without candidates although this
+    spec keeps them (``keep_candidates``: it applies to the prompts run now); ``other_lines``: lines
     of the output that are not this job's (other prompts, or other options: another cost,
     horizon, factory... gives other keys), left as they are -- counted once the whole input is
-    read; ``last``: the outcome just written (or None)."""
+    read; ``last``: the outcome just written (or None); ``warm_start``: with a warm start, its
+    refits so far (:meth:`~beacon.jobs.warm_start.WarmStarter.history`; None without one), so
+    that a run interrupted before its summary still tells which priors it fitted."""
 
     total: int | None = None
     skipped: int = 0
@@ -99,8 +103,10 @@ class JobProgress:
     dpo_rebuilt: int = 0
     dpo_rerun: int = 0
     dpo_missing: int = 0
+    no_candidates: int = 0
     other_lines: int = 0
     last: Outcome | None = field(default=None, compare=False, repr=False)
+    warm_start: list[dict[str, Any]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def processed(self) -> int:
@@ -139,6 +145,7 @@ class JobSummary:
             "dpo_rebuilt": p.dpo_rebuilt,
             "dpo_rerun": p.dpo_rerun,
             "dpo_missing": p.dpo_missing,
+            "no_candidates": p.no_candidates,
             "other_lines": p.other_lines,
             "elapsed": self.elapsed,
             "interrupted": self.interrupted,
@@ -232,19 +239,42 @@ async def _to_thread_to_the_end(fn: Callable[..., T], *args: Any, **kwargs: Any)
 
 def _ok_lines(out: Path) -> dict[str, dict[str, Any]]:
     """The ok lines of an output file, by key, reduced to what the warm start's seeding reads
-    (``ok``, ``rewards``): whole lines (responses, kept candidates) of a large job's output
-    would not fit in memory."""
-    return {r["key"]: {"ok": True, "rewards": r.get("rewards")} for r in read_jsonl(out)
-            if r.get("ok") is True and isinstance(r.get("key"), str)}
+    (``ok``, ``rewards``; and ``id``, to name it, for a line whose rewards are damaged): whole
+    lines (responses, kept candidates) of a large job's output would not fit in memory."""
+    lines: dict[str, dict[str, Any]] = {}
+    for r in read_jsonl(out):
+        if r.get("ok") is True and isinstance(r.get("key"), str):
+            rw = r.get("rewards")
+            lines[r["key"]] = ({"ok": True, "rewards": rw} if _rewards_ok(rw)
+                               else {"ok": True, "rewards": rw, "id": r.get("id")})
+    return lines
+
+
+def _rewards_ok(rw: Any) -> bool:
+    """A line's ``rewards`` as written: a list of numbers and nulls (None: no rewards)."""
+    return rw is None or (isinstance(rw, list) and all(
+        v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in rw))
 
 
 def _own_lines(items: Iterable[PromptRecord | LineError], spec: JobSpec,
-               lines: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+               lines: Mapping[str, dict[str, Any]], out: Path) -> list[dict[str, Any]]:
     """The ``lines`` of the job's prompts, each once, in the output's order: the order they
     finished, in which an uninterrupted warm start would have added them to the fit (the
-    fitted prior is then the same to the last bit)."""
+    fitted prior is then the same to the last bit).
+
+    An own line whose ``rewards`` is not a list of numbers and nulls (an output edited by
+    hand, or damaged) raises :class:`~beacon.jobs.output.OutputError` naming the file, the
+    prompt and the value: seeding the fit from it raised a bare ValueError."""
     own = {record_key(item, spec) for item in items if isinstance(item, PromptRecord)}
-    return [line for key, line in lines.items() if key in own]
+    found = [line for key, line in lines.items() if key in own]
+    for line in found:
+        rw = line["rewards"]
+        if not _rewards_ok(rw):
+            raise OutputError(
+                f"{out}: the line of prompt id {line.get('id')!r} has rewards={str(rw)[:200]}, "
+                "not a list of numbers and nulls; the warm start seeds its prior from them: "
+                "fix or remove that line (a removed line's prompt is run again)")
+    return found
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -353,7 +383,7 @@ async def arun_job(
                                     offload_sync=offload_sync)
     out_w = KeyedJsonlWriter(out, fsync=fsync, required="ok")  # every output line has "ok"
     dpo_w = DpoWriter(dpo, fsync=fsync) if dpo is not None else None
-    state = JobProgress(total=total)
+    state = JobProgress(total=total, warm_start=None if starter is None else [])
     tasks: set[asyncio.Task[None]] = set()
     fatal: list[BaseException] = []
     callback_error: list[Exception] = []
@@ -413,11 +443,20 @@ async def arun_job(
             rows = starter.snapshot()  # on the loop: exactly the prompts committed so far
             old = starter.config
             cfg = await asyncio.to_thread(starter.refit, rows)
+            keep_history()
             if cfg is not old:
                 try:
                     await call_in_thread(prepare_config, cfg)
                 except Exception as exc:  # a table that cannot be built: keep the old prior
                     starter.revert(old, exc)
+                    keep_history()
+
+    def keep_history() -> None:
+        # In the counts, not reported: the next report (and the last call of an interrupted
+        # run) carries it; a callback raising here would have broken the refit task instead.
+        nonlocal state
+        assert starter is not None
+        state = replace(state, warm_start=starter.history())
 
     def maybe_refit() -> None:
         nonlocal refitting
@@ -456,7 +495,7 @@ async def arun_job(
             report(**changes)
         if starter is not None and seeds:
             own = await asyncio.to_thread(
-                _own_lines, records() if plan.items is None else plan.items, spec, seeds)
+                _own_lines, records() if plan.items is None else plan.items, spec, seeds, out)
             for rw in seed_rewards(own):
                 starter.add(rw)
         # A refit due on the resumed prompts is made before the first prompt left to run
@@ -502,6 +541,10 @@ async def arun_job(
             if key in out_w:
                 if key in plan.failed:
                     report(kept_failed=state.kept_failed + 1)
+                elif key in plan.no_candidates:
+                    # said, not silent: a rerun adding --candidates skips the prompts done
+                    # (keep_candidates is not part of the key) and their lines keep none
+                    report(skipped=state.skipped + 1, no_candidates=state.no_candidates + 1)
                 else:
                     report(skipped=state.skipped + 1)
                 continue

@@ -41,11 +41,13 @@ __all__ = ["OutputScan", "ResumePlan", "plan_resume", "resume_outputs", "scan_ou
 class OutputScan:
     """What the existing files hold. ``failed``: keys of ``ok: false`` lines; ``pair_missing``:
     ok lines with a preference but no DPO pair, key -> byte offset of the line when it kept its
-    candidates (the pair can be rebuilt), else None; ``dpo_orphans``: pairs without a line."""
+    candidates (the pair can be rebuilt), else None; ``dpo_orphans``: pairs without a line;
+    ``no_candidates``: ok lines that kept no candidates (collected only when asked)."""
 
     failed: set[str] = field(default_factory=set)
     pair_missing: dict[str, int | None] = field(default_factory=dict)
     dpo_orphans: set[str] = field(default_factory=set)
+    no_candidates: set[str] = field(default_factory=set)
 
     def needs_keys(self, retry_failed: bool) -> bool:
         """Whether the plan needs the keys of the job's prompts (a second pass over them)."""
@@ -64,8 +66,10 @@ def _has_preference(line: dict[str, Any]) -> bool:
     return len(vals) >= 2 and max(vals) > min(vals)
 
 
-def scan_output(out: Path, dpo_keys: frozenset[str] | None) -> OutputScan:
-    """Read ``out`` once (``dpo_keys``: the keys of the DPO file, None without one)."""
+def scan_output(out: Path, dpo_keys: frozenset[str] | None, *,
+                candidates: bool = False) -> OutputScan:
+    """Read ``out`` once (``dpo_keys``: the keys of the DPO file, None without one;
+    ``candidates``: also collect the ok lines without candidates)."""
     scan = OutputScan()
     out_keys: set[str] = set()
     if out.exists():
@@ -83,7 +87,11 @@ def scan_output(out: Path, dpo_keys: frozenset[str] | None) -> OutputScan:
                 out_keys.add(key)
                 if obj.get("ok") is False:
                     scan.failed.add(key)
-                elif obj.get("ok") is True and dpo_keys is not None and key not in dpo_keys \
+                    continue
+                if candidates and obj.get("ok") is True \
+                        and not isinstance(obj.get("candidates"), list):
+                    scan.no_candidates.add(key)
+                if obj.get("ok") is True and dpo_keys is not None and key not in dpo_keys \
                         and _has_preference(obj):
                     has_cands = isinstance(obj.get("candidates"), list)
                     scan.pair_missing[key] = start if has_cands else None
@@ -100,7 +108,8 @@ class ResumePlan:
     pair because reruns were refused (``dpo_rerun=False``). After :func:`resume_outputs`:
     ``failed``, the keys of the failed lines still in the output; ``retried_failed``, the failed
     lines removed; ``items``, the input when a one-shot iterable had to be read for the plan
-    (run it from this list)."""
+    (run it from this list); ``no_candidates``, with ``keep_candidates``, the keys of the ok
+    lines kept that have no candidates (written by a run without them)."""
 
     drop_out: set[str] = field(default_factory=set)
     drop_dpo: set[str] = field(default_factory=set)
@@ -110,6 +119,7 @@ class ResumePlan:
     failed: set[str] = field(default_factory=set)
     retried_failed: int = 0
     items: list[PromptRecord | LineError] | None = None
+    no_candidates: set[str] = field(default_factory=set)
 
 
 def _rebuild_pair(fh: BinaryIO, offset: int, key: str, rec: PromptRecord
@@ -178,7 +188,8 @@ def resume_outputs(
     """Scan the open writers' files, plan for the job's prompts (``records()`` iterates them;
     ``one_shot``: it can be iterated once only) and apply the plan (atomic rewrites).
     ``dpo_rerun=False``: prompts whose missing pair cannot be rebuilt are not run again."""
-    scan = scan_output(out_w.path, dpo_w.keys if dpo_w is not None else None)
+    scan = scan_output(out_w.path, dpo_w.keys if dpo_w is not None else None,
+                       candidates=spec.keep_candidates)
     plan = ResumePlan()
     if scan.needs_keys(retry_failed):
         items = list(records()) if one_shot else None
@@ -193,4 +204,5 @@ def resume_outputs(
     if plan.drop_dpo and dpo_w is not None:
         dpo_w.compact(lambda rec: rec.get("key") not in plan.drop_dpo)
     plan.failed = scan.failed - plan.drop_out
+    plan.no_candidates = scan.no_candidates - plan.drop_out
     return plan

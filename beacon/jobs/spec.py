@@ -281,7 +281,8 @@ class FactorySpec:
             raise FactoryNotAllowedError(
                 role, self.factory,
                 f"module {self.module!r} is not in this runner's allow-list [{shown}]; "
-                "add its prefix to BEACON_ALLOWED_FACTORIES on the worker",
+                "add its prefix to BEACON_ALLOWED_FACTORIES in the environment of what runs "
+                "the job (beacon run, or the workers)",
             )
 
     def build(self, allowed: str | Iterable[str] | None, *, role: str = "factory") -> Any:
