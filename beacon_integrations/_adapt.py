@@ -16,17 +16,19 @@ called with, and the framework context of this one query. ``BeaconResult.prompt`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import json
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from beacon._sync import call_in_thread
+from beacon.engine.calls import SPEND_ATTR
 from beacon.engine.protocol import (
     Generation,
     Score,
@@ -314,9 +316,13 @@ def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
 
     async def generate(query: LCQuery) -> Generation:
         tap = _usage_tap()
-        out = await model.ainvoke(query.model_input, config=_tapped(query.config, tap))
+        try:
+            out = await model.ainvoke(query.model_input, config=_tapped(query.config, tap))
+        except Exception as exc:
+            _attach_spend(exc, tap.counts())
+            raise
         gen = _lc_generation(out)
-        counts = tap.counts()
+        counts = tap.unseen_added(out)
         if counts is None or (gen is out and _reports(gen)):
             return gen
         it, ot, read, write, h1 = counts
@@ -360,6 +366,17 @@ class _TokenSums:
             if sums is None:
                 return None
             return sums[0], sums[1], sums[2], sums[3], sums[4]
+
+
+def _attach_spend(exc: BaseException, counts: _Counts | None) -> None:
+    """Put the tokens a failed call's LLM calls reported on its exception, as a spend-only
+    :class:`beacon.Score` under ``SPEND_ATTR``: the engine counts them for that attempt, and
+    still retries it (a judge chain whose parser failed after its LLM answered was paid)."""
+    if counts is None or getattr(exc, SPEND_ATTR, None) is not None:
+        return
+    it, ot, read, write, h1 = counts
+    with contextlib.suppress(AttributeError, TypeError):  # an exception without a __dict__
+        setattr(exc, SPEND_ATTR, Score(None, it, ot, None, read, write, h1))
 
 
 def _reports(gen: Generation) -> bool:
@@ -409,6 +426,7 @@ def _usage_tap_type() -> type[Any]:
         def __init__(self) -> None:
             super().__init__()
             self.tokens = _TokenSums()
+            self.messages: list[Any] = []  # the messages of the calls seen (kept: ids unique)
 
         @property
         def ignore_chain(self) -> bool:  # only LLM ends matter: skip the rest cheaply
@@ -435,10 +453,26 @@ def _usage_tap_type() -> type[Any]:
             return True
 
         def on_llm_end(self, response: Any, **kwargs: Any) -> None:
-            self.tokens.add(_llm_result_counts(response))
+            counts, message = _llm_result_counts(response)
+            if message is not None:
+                self.messages.append(message)
+            self.tokens.add(counts)
 
         def counts(self) -> _Counts | None:
             """The tokens of the calls seen (:meth:`_TokenSums.counts`)."""
+            return self.tokens.counts()
+
+        def unseen_added(self, out: Any) -> _Counts | None:
+            """:meth:`counts`, plus the usage of ``out`` when it is a message reporting its
+            own (``usage_metadata``) that no call seen returned (a chain's last step calling a
+            provider SDK itself, after an LLM call the callbacks saw); None when neither
+            reports any."""
+            counts = self.tokens.counts()
+            if counts is None or not isinstance(getattr(out, "usage_metadata", None), Mapping):
+                return counts
+            if any(m is out for m in self.messages):
+                return counts  # the same call: in the counts already
+            self.tokens.add(_consistent(_usage_counts(out)))
             return self.tokens.counts()
 
     return _UsageTap
@@ -449,23 +483,24 @@ def _usage_tap() -> Any:
     return _usage_tap_type()()
 
 
-def _llm_result_counts(response: Any) -> _Counts:
-    """The tokens one LLM call's ``LLMResult`` reports: its first generation's message's
-    ``usage_metadata`` (a chat model's; the other generations of an ``n > 1`` call carry the
-    same call's usage), else the ``token_usage`` of its ``llm_output`` (a completion LLM's,
-    OpenAI's names), each with a cache split that does not fit dropped (:func:`_consistent`)."""
+def _llm_result_counts(response: Any) -> tuple[_Counts, Any]:
+    """The tokens one LLM call's ``LLMResult`` reports, and its first generation's message
+    (``None`` for a completion LLM's): that message's ``usage_metadata`` (a chat model's; the
+    other generations of an ``n > 1`` call carry the same call's usage), else the
+    ``token_usage`` of its ``llm_output`` (a completion LLM's, OpenAI's names), each with a
+    cache split that does not fit dropped (:func:`_consistent`)."""
     try:
         first = response.generations[0][0]
     except (IndexError, TypeError, AttributeError):
         first = None
     message = getattr(first, "message", None)
     if isinstance(getattr(message, "usage_metadata", None), Mapping):
-        return _consistent(_usage_counts(message))
+        return _consistent(_usage_counts(message)), message
     extra = getattr(response, "llm_output", None)
     usage = extra.get("token_usage") if isinstance(extra, Mapping) else None
     if isinstance(usage, Mapping) and usage:
-        return _consistent(_usage_counts(_UsageView(usage)))
-    return None, None, None, None, None
+        return _consistent(_usage_counts(_UsageView(usage))), message
+    return (None, None, None, None, None), message
 
 
 def _lc_generation(out: Any) -> Generation:
@@ -549,10 +584,14 @@ class _LCScore:
         key = "responses" if self.batched else "response"
         value = list(response) if self.batched else response
         tap = _usage_tap()
-        out = await self.runnable.ainvoke(
-            {"prompt": query.text, key: value}, config=_tapped(query.config, tap)
-        )
-        counts = tap.counts()
+        try:
+            out = await self.runnable.ainvoke(
+                {"prompt": query.text, key: value}, config=_tapped(query.config, tap)
+            )
+        except Exception as exc:
+            _attach_spend(exc, tap.counts())
+            raise
+        counts = tap.unseen_added(out)
         if self.batched:
             if counts is not None:
                 return _spent_on_first(out, counts)
@@ -579,12 +618,14 @@ def _with_spend(value: Any, counts: _Counts) -> Any:
 def _spent_on_first(out: Any, counts: _Counts) -> Any:
     """A batched scorer's values with the call's tokens on the first one (as
     :class:`beacon.Score` allows a judge of a whole batch); as they are when one is a ``Score``
-    reporting a spend already (the scorer counts its own), or when ``out`` is no list, tuple
-    or array of values (the engine refuses it and the batch fails)."""
+    reporting a spend already (the scorer counts its own), or when ``out`` is no sequence or
+    other iterable of values (the engine refuses it and the batch fails)."""
     if isinstance(out, list | tuple):
         values = list(out)
     elif type(out).__module__ == "numpy" and getattr(out, "ndim", None) == 1:
         values = list(out)  # numpy scalars, each read by the engine's reward rule
+    elif isinstance(out, Iterable) and not isinstance(out, str | bytes | Mapping | Set):
+        values = list(out)  # a generator or map: read once, here, as the engine would
     else:
         return out
     if not values or any(isinstance(v, Score) and v.reports for v in values):
@@ -837,6 +878,9 @@ async def _li_tapped(call: Callable[[], Awaitable[Any]]) -> tuple[Any, _Counts |
     token = _LI_TAP.set(tap)
     try:
         out = await call()
+    except Exception as exc:
+        _attach_spend(exc, tap.counts())
+        raise
     finally:
         _LI_TAP.reset(token)
     return out, tap.counts()

@@ -65,6 +65,14 @@ class CallCancelledError(RuntimeError):
     """
 
 
+#: Attribute of an exception raised by a model or scorer call that had already paid for work
+#: (an adapter's chain whose LLM answered and whose parser then failed): an object with the
+#: token counts and cost of :class:`beacon.Generation` (the adapters set a spend-only
+#: :class:`beacon.Score`), counted by :func:`guarded_call`'s ``on_spend`` for every failed
+#: attempt, retried or not.
+SPEND_ATTR = "beacon_spend"
+
+
 async def guarded_call(
     guard: CallGuard,
     fn: Callable[..., Awaitable[T]],
@@ -72,6 +80,7 @@ async def guarded_call(
     usage: Usage,
     *,
     model: bool,
+    on_spend: Callable[[Any], None] | None = None,
 ) -> T:
     """``await fn(*args)`` under ``guard``; counts calls, failures and retries into ``usage``.
 
@@ -86,7 +95,8 @@ async def guarded_call(
     response's ``retry-after-ms`` / ``retry-after`` header (:func:`beacon.retry.retry_after_of`).
     Cancellation of the calling task always propagates: at once, or, for a callee that
     swallows it (the call is awaited inline), when that callee returns; the cancellation then
-    stands (see :func:`_own_cancel_is_error`).
+    stands (see :func:`_own_cancel_is_error`). What a failed attempt reports it spent
+    (:data:`SPEND_ATTR` on its exception) goes to ``on_spend``.
     """
     attempt = 0
     failed_before = False  # an earlier attempt of this call reached the model/scorer and failed
@@ -102,6 +112,10 @@ async def guarded_call(
             if started[0]:
                 usage.failed_calls += 1
                 failed_before = True
+                if on_spend is not None:
+                    spent = getattr(exc, SPEND_ATTR, None)
+                    if spent is not None:
+                        on_spend(spent)
             if not guard.retry.should_retry(exc, attempt):
                 raise
             delay = guard.retry.delay(attempt, guard.rng)

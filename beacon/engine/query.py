@@ -314,27 +314,15 @@ class QueryRun:
         t0 = time.perf_counter()
         try:
             gen = await guarded_call(
-                ctx.model_guard, ctx.generate, (self.prompt,), cand.usage, model=True
+                ctx.model_guard, ctx.generate, (self.prompt,), cand.usage, model=True,
+                on_spend=lambda spent: self._model_spend(spent, cand.usage),
             )
             cand.text, cand.raw = gen.text, gen.raw
-            cand.usage.add_tokens(gen.input_tokens, gen.output_tokens)
-            if gen.cache_read_tokens is not None or gen.cache_write_tokens is not None:
-                cand.usage.add_cache(gen.cache_read_tokens, gen.cache_write_tokens,
-                                     gen.cache_write_1h_tokens)
-            cost = gen.cost
-            if ctx.budget is not None:
-                priced = cost is None
-                if priced:
-                    cost = ctx.budget.price(gen.input_tokens, gen.output_tokens,
-                                            gen.cache_read_tokens, gen.cache_write_tokens,
-                                            gen.cache_write_1h_tokens)
-                for cap in ctx.budget.unmeasured(gen.input_tokens, gen.output_tokens, cost,
-                                                 priced=priced):
-                    self._unenforced(cap, gen.input_tokens, gen.output_tokens)
-            cand.usage.add_cost(cost)
+            self._model_spend(gen, cand.usage)
             if not ctx.batched:
                 rewards = await guarded_call(
-                    ctx.score_guard, ctx.score, (self.prompt, [gen.text]), cand.usage, model=False
+                    ctx.score_guard, ctx.score, (self.prompt, [gen.text]), cand.usage,
+                    model=False, on_spend=lambda spent: self._failed_score_spend(spent, cand.usage),
                 )
                 r = rewards[0]
                 if type(r) is not float and isinstance(r, Score):  # a bare float: no more
@@ -345,6 +333,37 @@ class QueryRun:
         finally:
             cand.usage.wall_seconds = time.perf_counter() - t0
 
+    def _model_spend(self, gen: Any, usage: Usage) -> None:
+        """Count the model's tokens and money of ``gen`` (a :class:`Generation`, or the
+        spend-only :class:`Score` a failed attempt carries, ``SPEND_ATTR``) in ``usage``, its
+        money priced by the budget where it reports tokens only."""
+        usage.add_tokens(gen.input_tokens, gen.output_tokens)
+        if gen.cache_read_tokens is not None or gen.cache_write_tokens is not None:
+            usage.add_cache(gen.cache_read_tokens, gen.cache_write_tokens,
+                            gen.cache_write_1h_tokens)
+        usage.add_cost(self._priced(gen, "a model response"))
+
+    def _priced(self, spent: Any, who: str) -> float | None:
+        """The money of ``spent`` (a :class:`Generation` or :class:`Score`): its own cost, or
+        the budget's price of its tokens; a cap it reports nothing for is noted as escaped
+        (``budget_unenforced``, ``who`` reported it)."""
+        cost: float | None = spent.cost
+        b = self.ctx.budget
+        if b is not None:
+            priced = cost is None
+            if priced:
+                cost = b.price(spent.input_tokens, spent.output_tokens, spent.cache_read_tokens,
+                               spent.cache_write_tokens, spent.cache_write_1h_tokens)
+            for cap in b.unmeasured(spent.input_tokens, spent.output_tokens, cost,
+                                    priced=priced):
+                self._unenforced(cap, spent.input_tokens, spent.output_tokens, who=who)
+        return cost
+
+    def _failed_score_spend(self, spent: Any, *usages: Usage) -> None:
+        """What a failed scorer attempt reports it spent (a spend-only :class:`Score`)."""
+        if isinstance(spent, Score):
+            self._score_spend(spent, *usages)
+
     def _score_spend(self, s: Score, *usages: Usage) -> Any:
         """Count what a scorer's :class:`Score` reports in ``usages`` (its money priced by the
         budget where it reports tokens only) and return its reward value.
@@ -353,15 +372,7 @@ class QueryRun:
         escapes a cap it reports nothing for (``budget_unenforced``). ``Score(x)`` alone
         reports nothing and is a bare reward."""
         if s.reports:
-            cost = s.cost
-            b = self.ctx.budget
-            if b is not None:
-                priced = cost is None
-                if priced:
-                    cost = b.price(s.input_tokens, s.output_tokens, s.cache_read_tokens,
-                                   s.cache_write_tokens, s.cache_write_1h_tokens)
-                for cap in b.unmeasured(s.input_tokens, s.output_tokens, cost, priced=priced):
-                    self._unenforced(cap, s.input_tokens, s.output_tokens, who="a scorer's Score")
+            cost = self._priced(s, "a scorer's Score")
             for u in usages:
                 u.add_score(s.input_tokens, s.output_tokens, cost)
         return s.reward
@@ -414,7 +425,7 @@ class QueryRun:
         call = asyncio.ensure_future(
             guarded_call(
                 ctx.score_guard, ctx.score, (self.prompt, [c.text for c in ok]), self.usage,
-                model=False,
+                model=False, on_spend=lambda spent: self._failed_score_spend(spent, self.usage),
             )
         )
         try:
