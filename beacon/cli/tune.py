@@ -384,7 +384,8 @@ def plot_tune(
             ax,
             cx,
             cy,
-            f"{ch.rule}: c={ch.cost:.3g}, {cx:.2f} samples, {_fq(res, cmd.diff, True)}"
+            f"{ch.rule}: c={choice_cost_text(res)}, {cx:.2f} samples, "
+            f"{_fq(res, cmd.diff, True)}"
             + ("" if cmd.se is None else f" ± {_fq(res, cmd.se)} SE")
             + " vs best-of-N",
             marker="D",
