@@ -1655,6 +1655,12 @@ def _same_policy(a: PolicyMetrics, b: PolicyMetrics) -> bool:
 _COST_DIGITS = 4
 
 
+def _is_swept(choice: CostChoice, points: Sequence[SweepPoint]) -> bool:
+    """Whether ``choice`` is one of the swept ``points`` (the knee, or a budget met at a swept
+    point: the same metrics object), not a ``c`` bisected between them."""
+    return any(p.metrics is choice.metrics for p in points)
+
+
 def _short_cost(
     data: LoggedRewards,
     cfg: BeaconConfig,
@@ -1731,6 +1737,11 @@ class TuneResult:
     knee: int
     choice: CostChoice = field()
     crossfit: CrossFit | None = None
+
+    @property
+    def choice_is_swept(self) -> bool:
+        """Whether the recommendation is one of the swept points (:func:`_is_swept`)."""
+        return _is_swept(self.choice, self.points)
 
     def matched(self) -> MatchedDifference:
         """The recommendation against best-of-N at its average samples, with a paired SE."""
@@ -1849,7 +1860,7 @@ def tune(
     else:
         kp = points[knee]
         choice = CostChoice(kp.cost, kp.metrics, "knee")
-    if all(choice.metrics is not p.metrics for p in points):
+    if not _is_swept(choice, points):
         # a budget's bisected c, printed to be pasted: the shortest with the same choices (a
         # knee or a budget met at a swept point keeps the sweep's own c)
         short, short_m = _short_cost(data, cfg, choice.cost, choice.metrics, crossfit)

@@ -325,9 +325,7 @@ def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
         counts = tap.unseen_added(out)
         if counts is None or (gen is out and _reports(gen)):
             return gen
-        it, ot, read, write, h1 = counts
-        # the calls' totals replace the output's own usage (the last call's, already in them)
-        return Generation(gen.text, it, ot, gen.cost, gen.raw, read, write, h1)
+        return _counted(gen, counts)
 
     return generate
 
@@ -379,6 +377,14 @@ def _attach_spend(exc: BaseException, counts: _Counts | None) -> None:
         setattr(exc, SPEND_ATTR, Score(None, it, ot, None, read, write, h1))
 
 
+def _counted(gen: Generation, counts: _Counts) -> Generation:
+    """``gen`` (a copy) with the token counts ``counts`` of the LLM calls that made it in place
+    of those it reports itself (the last call's, already in them)."""
+    it, ot, read, write, h1 = counts
+    return dataclasses.replace(gen, input_tokens=it, output_tokens=ot, cache_read_tokens=read,
+                               cache_write_tokens=write, cache_write_1h_tokens=h1)
+
+
 def _reports(gen: Generation) -> bool:
     """Whether ``gen`` reports any token count or a cost."""
     return gen.input_tokens is not None or gen.output_tokens is not None or gen.cost is not None
@@ -428,29 +434,9 @@ def _usage_tap_type() -> type[Any]:
             self.tokens = _TokenSums()
             self.messages: list[Any] = []  # the messages of the calls seen (kept: ids unique)
 
-        @property
-        def ignore_chain(self) -> bool:  # only LLM ends matter: skip the rest cheaply
-            return True
-
-        @property
-        def ignore_chat_model(self) -> bool:
-            return True
-
-        @property
-        def ignore_retriever(self) -> bool:
-            return True
-
-        @property
-        def ignore_agent(self) -> bool:
-            return True
-
-        @property
-        def ignore_retry(self) -> bool:
-            return True
-
-        @property
-        def ignore_custom_event(self) -> bool:
-            return True
+        # only LLM ends matter: the other events skip this handler cheaply
+        ignore_chain = ignore_chat_model = ignore_retriever = True
+        ignore_agent = ignore_retry = ignore_custom_event = True
 
         def on_llm_end(self, response: Any, **kwargs: Any) -> None:
             counts, message = _llm_result_counts(response)
@@ -642,10 +628,10 @@ def _judged(out: Any) -> Any:
     to the callbacks (a runnable that builds the message itself)."""
     if not isinstance(getattr(out, "usage_metadata", None), Mapping):
         return out
-    it, ot, read, write, h1 = _consistent(_usage_counts(out))
-    if it is None and ot is None:
+    counts = _consistent(_usage_counts(out))
+    if counts[0] is None and counts[1] is None:
         return out
-    return Score(out, it, ot, None, read, write, h1)
+    return _with_spend(out, counts)
 
 
 def lc_score(scorer: Any) -> _LCScore:
@@ -731,10 +717,7 @@ def li_generate_llm(llm: Any) -> Callable[[LIQuery], Awaitable[Generation]]:
             if gen.input_tokens is not None or gen.output_tokens is not None:
                 return gen
             counts = _li_counts(resp)
-        # the calls' totals replace the response's own usage (the same call's, in them)
-        (gen.input_tokens, gen.output_tokens, gen.cache_read_tokens,
-         gen.cache_write_tokens, gen.cache_write_1h_tokens) = counts
-        return gen
+        return _counted(gen, counts)
 
     return generate
 
@@ -775,12 +758,6 @@ def _kwargs_tokens(extra: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """``(input, output)`` tokens LlamaIndex's own integrations put in a response's
     ``additional_kwargs`` (``prompt_tokens`` / ``completion_tokens``)."""
     return _int_or_none(extra.get("prompt_tokens")), _int_or_none(extra.get("completion_tokens"))
-
-
-def _li_tokens(resp: Any) -> tuple[int | None, int | None, int | None, int | None]:
-    """``(input, output, cache_read, cache_write)`` tokens a LlamaIndex ``CompletionResponse``
-    / ``ChatResponse`` reports: :func:`_li_counts` without the 1-hour part of the writes."""
-    return _li_counts(resp)[:4]
 
 
 def _li_counts(resp: Any) -> _Counts:
@@ -997,10 +974,8 @@ def li_generate_engine(engine: Any) -> Callable[[LIQuery], Awaitable[Generation]
 
     async def generate(query: LIQuery) -> Generation:
         (text, resp), counts = await _li_tapped(lambda: _engine_answer(engine, query))
-        if counts is None:
-            return Generation(text, raw=resp)
-        it, ot, read, write, h1 = counts
-        return Generation(text, it, ot, None, resp, read, write, h1)
+        gen = Generation(text, raw=resp)
+        return gen if counts is None else _counted(gen, counts)
 
     return generate
 

@@ -102,24 +102,24 @@ _ANTHROPIC_USAGE = {"input_tokens": 10, "output_tokens": 5,
     SimpleNamespace(usage=SimpleNamespace(**_ANTHROPIC_USAGE)),
 ])
 def test_li_tokens_count_anthropic_cache_tokens(raw: Any) -> None:
-    from beacon_integrations._adapt import _li_tokens
+    from beacon_integrations._adapt import _li_counts
 
     resp = SimpleNamespace(additional_kwargs={}, raw=raw)
-    tokens = tuple(_li_tokens(resp))
+    tokens = tuple(_li_counts(resp)[:4])
     assert tokens[:2] == (10 + 1000 + 200, 5)
     assert tokens[2:] == (1000, 200)
 
 
 def test_li_tokens_additional_kwargs_and_openai_usage_still_read() -> None:
-    from beacon_integrations._adapt import _li_tokens
+    from beacon_integrations._adapt import _li_counts
 
     kw = SimpleNamespace(additional_kwargs={"prompt_tokens": 7, "completion_tokens": 3}, raw=None)
-    assert tuple(_li_tokens(kw))[:2] == (7, 3)
+    assert tuple(_li_counts(kw)[:4])[:2] == (7, 3)
     oa = SimpleNamespace(additional_kwargs={},
                          raw={"usage": {"prompt_tokens": 8, "completion_tokens": 2}})
-    assert tuple(_li_tokens(oa))[:2] == (8, 2)
+    assert tuple(_li_counts(oa)[:4])[:2] == (8, 2)
     none = SimpleNamespace(additional_kwargs={"prompt_tokens": True}, raw={})
-    assert tuple(_li_tokens(none))[:2] == (None, None)
+    assert tuple(_li_counts(none)[:4])[:2] == (None, None)
 
 
 def test_li_generate_llm_keeps_the_cache_split_on_the_generation() -> None:

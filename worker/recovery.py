@@ -365,6 +365,11 @@ def _distinct(items: Iterable[tuple[str, dict[str, Any]]]
             yield k, p
 
 
+def _key(item: tuple[str, dict[str, Any]]) -> str:
+    """The prompt key of a ``(key, payload)`` item."""
+    return item[0]
+
+
 def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dict[str, Any]]],
                     queue: str, send: Send, *, since: int) -> int:
     """Send ``items`` ``CHUNK`` at a time (each chunk's records are all that is held);
@@ -383,24 +388,13 @@ def _send_in_chunks(store: JobStore, job_id: str, items: Iterable[tuple[str, dic
         nonlocal n, batch
         chunk, batch = batch, []  # a new list: ``send`` may keep the one it was given
         for i in range(0, len(chunk), SEND_GROUP):  # a claim is held while its group is sent
-            group = chunk[i:i + SEND_GROUP]
-            token, claimed, _held = store.claim_sends(job_id, [k for k, _ in group],
-                                                      since=since)
-            mine = set(claimed)
-            todo = [item for item in group if item[0] in mine]
-            if not todo:
-                continue
-            try:
-                send(job_id, todo, queue)
-            except BaseException:
-                # Part of the group may have gone out: stamped as sent, a later check looks
-                # for it in the broker. Redis away: the claims lapse after SEND_LEASE.
-                with contextlib.suppress(redis.exceptions.RedisError):
-                    store.finish_sends(job_id, token, claimed)
-                raise
-            store.finish_sends(job_id, token, claimed)
-            store.mark_sent(job_id, queue)
-            n += len(todo)
+            todo, _held = store.send_claimed(
+                job_id, chunk[i:i + SEND_GROUP], _key, since=since,
+                send=lambda part: send(job_id, part, queue),
+            )
+            if todo:
+                store.mark_sent(job_id, queue)
+                n += len(todo)
 
     for item in items:
         batch.append(item)

@@ -46,14 +46,15 @@ writes a key twice: that is the tier's idempotent fan-in writer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -74,6 +75,8 @@ SEND_LEASE = 30.0
 # one broker round trip per message, so a group must be sent well within SEND_LEASE even on a
 # distant broker (100 messages at 60 ms each: 6 s).
 SEND_GROUP = 100
+
+_T = TypeVar("_T")
 
 
 def _touch_job(ttl_arg: int) -> str:
@@ -372,6 +375,27 @@ class JobStore:
             raise UnknownJobError(job_id)
         pos = [int(i) for i in reply]
         return token, [keys[i - 1] for i in pos if i > 0], sum(1 for i in pos if i < 0)
+
+    def send_claimed(self, job_id: str, items: list[_T], key: Callable[[_T], str], *,
+                     since: int, send: Callable[[list[_T]], None]) -> tuple[list[_T], int]:
+        """Claim the sends of ``items`` (prompt keys by ``key``; :meth:`claim_sends` with
+        ``since``), ``send`` the claimed ones and stamp them sent (:meth:`finish_sends`, also
+        when ``send`` raises: part of them may have gone out, and a later check looks for them
+        in the broker; with Redis away, the claims lapse after ``SEND_LEASE`` by themselves).
+        Returns the items sent and how many others another sender's claim holds."""
+        token, claimed, held = self.claim_sends(job_id, [key(i) for i in items], since=since)
+        mine = set(claimed)
+        todo = [i for i in items if key(i) in mine]
+        if not todo:
+            return todo, held
+        try:
+            send(todo)
+        except BaseException:
+            with contextlib.suppress(redis.exceptions.RedisError):
+                self.finish_sends(job_id, token, claimed)
+            raise
+        self.finish_sends(job_id, token, claimed)
+        return todo, held
 
     def finish_sends(self, job_id: str, token: str, keys: list[str]) -> int:
         """Stamp ``keys`` claimed under ``token`` (:meth:`claim_sends`) as sent now; returns how

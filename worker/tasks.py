@@ -750,34 +750,24 @@ def submit_job(
         """Claim, then send, the tasks of ``part`` (``(item, has_error)``, ``SEND_GROUP`` at
         most: the time a claim is held is that of one group's send)."""
         nonlocal enqueued, queued, sending
-        token, claimed, held = st.claim_sends(job_id, [item[0] for item, _ in part],
-                                              since=since)
-        mine = set(claimed)
-        todo = [(item, has_err) for item, has_err in part if item[0] in mine]
-        sending += held  # another sender's claim: being sent, or sent once the claim lapses
-        queued += len(part) - len(todo) - held  # another sender sent them since ``since``
-        if not todo:
-            return
         from kombu.exceptions import OperationalError
 
-        # Failed prompts sent again are pending until their retry stores an outcome (or
-        # the job would read as finished while they run: --wait, the sweeper and
-        # collect --purge would not wait for them). Before sending: a fast retry's own
-        # error must not be the one removed. Only the claimed ones: another sender's retry
-        # may have stored its error already.
-        st.reopen(job_id, [item[0] for item, has_err in todo if has_err])
-        try:
-            _send_tasks(st, job_id, spec_ref, target, [item for item, _ in todo])
-        except BaseException as exc:
-            # Part of the group may have gone out: stamped as sent, a later submission or
-            # sweep looks for it in the broker. Redis away: the claims lapse by themselves.
-            with contextlib.suppress(redis.exceptions.RedisError):
-                st.finish_sends(job_id, token, claimed)
-            if isinstance(exc, OperationalError):
+        def send(todo: list[tuple[tuple[str, dict[str, Any], int | None], bool]]) -> None:
+            # Failed prompts sent again are pending until their retry stores an outcome (or
+            # the job would read as finished while they run: --wait, the sweeper and
+            # collect --purge would not wait for them). Before sending: a fast retry's own
+            # error must not be the one removed. Only the claimed ones: another sender's
+            # retry may have stored its error already.
+            st.reopen(job_id, [item[0] for item, has_err in todo if has_err])
+            try:
+                _send_tasks(st, job_id, spec_ref, target, [item for item, _ in todo])
+            except OperationalError as exc:
                 raise BrokerUnavailableError(_broker_label(), exc, job_id=job_id,
                                              sent=enqueued) from None
-            raise
-        st.finish_sends(job_id, token, claimed)
+
+        todo, held = st.send_claimed(job_id, part, lambda p: p[0][0], since=since, send=send)
+        sending += held  # another sender's claim: being sent, or sent once the claim lapses
+        queued += len(part) - len(todo) - held  # another sender sent them since ``since``
         enqueued += len(todo)
 
     def flush() -> None:

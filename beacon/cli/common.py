@@ -75,7 +75,6 @@ __all__ = [
     "build_config",
     "check_input_file",
     "check_output_file",
-    "check_prior_file_family",
     "echo_json",
     "err_console",
     "fail",
@@ -451,11 +450,14 @@ def _read_json(path: Path, option: str) -> Any:
         fail(f"{path}: not a UTF-8 text file")
 
 
-def load_prior_file(path: Path) -> tuple[Prior, RewardTransform | None]:
+def load_prior_file(
+    path: Path, family: str | None = None
+) -> tuple[Prior, RewardTransform | None]:
     """Read a prior file: ``{"prior": {...}, "transform": {...} | null}`` or a bare prior dict.
 
     The first form is what ``beacon fit-prior`` writes; the transform (if any) was fitted
-    together with the prior and is returned with it.
+    together with the prior and is returned with it. With ``family``, such a file must have
+    been fitted for it (:func:`_check_prior_family`).
     """
     data = _read_json(path, "--prior")
     if not isinstance(data, dict):
@@ -470,6 +472,8 @@ def load_prior_file(path: Path) -> tuple[Prior, RewardTransform | None]:
             check_fit_keys(data)
         except ConfigError as exc:
             fail(f"{path}: {exc}")
+        if family is not None:
+            _check_prior_family(path, data, family)
         if data.get("transform") is not None:
             try:
                 tr = transform_from_dict(data["transform"])
@@ -505,18 +509,19 @@ def parse_transform(spec: str) -> RewardTransform | None:
 
 
 def resolve_prior_and_transform(
-    prior_path: Path | None, transform_spec: str | None
+    prior_path: Path | None, transform_spec: str | None, family: str | None = None
 ) -> tuple[Prior | None, RewardTransform | None, list[str]]:
     """The prior and transform to use, and notes saying where each came from.
 
     An explicit ``--transform`` (``none`` included) overrides a transform stored in the prior
     file; otherwise the stored one is used, because the prior was fitted on transformed rewards.
+    ``family``: the family the prior file must have been fitted for (:func:`load_prior_file`).
     """
     notes: list[str] = []
     prior: Prior | None = None
     stored: RewardTransform | None = None
     if prior_path is not None:
-        prior, stored = load_prior_file(prior_path)
+        prior, stored = load_prior_file(prior_path, family)
     if transform_spec is not None:
         tr = parse_transform(transform_spec)
         if stored is not None and tr != stored:
@@ -821,10 +826,9 @@ def log_setup(
     prior_obj, tr, resolved = resolve_prior_and_transform(
         None if mode in (PRIOR_FIT, PRIOR_DEFAULT) else Path(str(prior)),
         None if mode == PRIOR_FIT else transform,
+        family,
     )
     notes += resolved
-    if mode == "file":
-        check_prior_file_family(Path(str(prior)), family)
     fam_data = data.for_family(family)  # a bernoulli log without 0/1 labels fails here
     if family == "normal" and data.is_binary:
         notes = [
@@ -902,19 +906,17 @@ def log_setup(
     return LogSetup(cfg, cf, notes, spec)
 
 
-def check_prior_file_family(path: Path, family: str) -> None:
-    """A prior file from ``fit-prior`` is for the family it names in ``fitted_on.family``.
+def _check_prior_family(path: Path, data: dict[str, Any], family: str) -> None:
+    """A prior file from ``fit-prior`` (``data``, read from ``path``) is for the family it
+    names in ``fitted_on.family``.
 
     The judge and bernoulli families share the Beta prior, so the prior alone cannot tell
     them apart: a judge prior (wins ``r > 1/2`` of probabilities) replayed as ``--family
     bernoulli`` (correctness labels), or the reverse, ran silently with another quantity's
     prior, and a judge prior without ``--family`` failed as "the normal family needs an
-    NIGPrior". Now a usage error on ``--prior`` naming the family to pass. A bare prior
-    object (no ``fitted_on``) is not checked. Called (replay, tune, run, submit) after the
-    file was read and checked as a prior.
+    NIGPrior". Now a usage error on ``--prior`` naming the family to pass.
     """
-    data = _read_json(path, "--prior")  # already read and checked by load_prior_file
-    fitted = data.get("fitted_on") if isinstance(data, dict) and "prior" in data else None
+    fitted = data.get("fitted_on")
     fam = fitted.get("family") if isinstance(fitted, dict) else None
     if isinstance(fam, str) and fam != family:
         usage_error(

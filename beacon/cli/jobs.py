@@ -37,7 +37,6 @@ from beacon.cli.common import (
     check_family,
     check_input_file,
     check_output_file,
-    check_prior_file_family,
     err_console,
     fail,
     guarded,
@@ -360,10 +359,9 @@ def build_job_spec(
     ):
         if v is not None:
             fields[name] = v
-    pr, tr, notes = resolve_prior_and_transform(prior, transform)
+    pr, tr, notes = resolve_prior_and_transform(prior, transform,
+                                                str(fields.get("family", "normal")))
     if pr is not None:
-        assert prior is not None
-        check_prior_file_family(prior, str(fields.get("family", "normal")))
         fields["prior"] = pr
     if tr is not None or transform is not None:
         fields["transform"] = tr

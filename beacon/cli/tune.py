@@ -132,7 +132,7 @@ def choice_cost_text(res: TuneResult) -> str:
     """The recommended ``c`` as printed: a swept point's with 4 significant digits, as the
     sweep table prints it; a budget's bisected ``c`` by :func:`cost_text`."""
     ch = res.choice
-    if any(p.metrics is ch.metrics for p in res.points):
+    if res.choice_is_swept:
         return f"{ch.cost:.4g}"
     return cost_text(ch.cost)
 
@@ -439,7 +439,7 @@ def sweep_rows(res: TuneResult) -> list[tuple[float, PolicyMetrics, MatchedDiffe
         if p.metrics is ch.metrics:
             marks.add(_RULE_MARKS[ch.rule])
         rows.append((p.cost, p.metrics, md, marks))
-    if not any(p.metrics is ch.metrics for p in res.points):
+    if not res.choice_is_swept:
         rows.append((ch.cost, ch.metrics, res.matched(), {_RULE_MARKS[ch.rule]}))
         rows.sort(key=lambda r: r[0])
     out: list[tuple[float, PolicyMetrics, MatchedDifference, str]] = []

@@ -128,7 +128,7 @@ class QueryRun:
                 await self._emit_decisions()
                 if isinstance(d, Stop):
                     break
-                if self._over_budget():
+                if self._budget_stop() is not None:
                     self.stopper.stop("budget")
                     await self._emit_decisions()
                     break
@@ -261,7 +261,7 @@ class QueryRun:
             # fed to the Stopper: never candidates, not charged, but their calls were spent.
             self.usage.cancelled += unobserved()
             raise
-        return "error" if self.failures > self.ctx.cfg.max_failures else None
+        return self._failed_out()
 
     async def _single(self) -> str | None:
         # Sequential mode without a deadline: nothing can be in flight beside this sample, so
@@ -272,7 +272,7 @@ class QueryRun:
         self.usage.merge(cand.usage)
         await self._observe(cand)
         # A budget cap is run()'s to apply once the Stopper has decided (see _batch).
-        return "error" if self.failures > self.ctx.cfg.max_failures else None
+        return self._failed_out()
 
     async def _cancel(
         self, pending: set[asyncio.Future[None]], cands: list[Candidate], done_flags: list[bool]
@@ -290,23 +290,26 @@ class QueryRun:
                 self.usage.cancelled += 1
 
     def _check_caps(self) -> None:
-        if self.failures > self.ctx.cfg.max_failures:
-            raise _StopQuery("error")
-        b = self.ctx.budget
-        if b is None:
-            return
-        if self.deadline is not None and time.perf_counter() >= self.deadline:
-            raise _StopQuery("budget", deadline=True)
-        if b.exceeded(self.usage.total_tokens, self.usage.cost):
-            raise _StopQuery("budget")
+        if (stop := self._failed_out()) is not None:
+            raise _StopQuery(stop)
+        if (cap := self._budget_stop()) is not None:
+            raise cap
 
-    def _over_budget(self) -> bool:
+    def _failed_out(self) -> str | None:
+        """``"error"`` once more samples failed than ``cfg.max_failures`` allows."""
+        return "error" if self.failures > self.ctx.cfg.max_failures else None
+
+    def _budget_stop(self) -> _StopQuery | None:
+        """The budget cap reached now, if any: the time cap (a deadline, at which nothing more
+        is awaited) or the token / money cap."""
         b = self.ctx.budget
         if b is None:
-            return False
+            return None
         if self.deadline is not None and time.perf_counter() >= self.deadline:
-            return True
-        return b.exceeded(self.usage.total_tokens, self.usage.cost)
+            return _StopQuery("budget", deadline=True)
+        if b.exceeded(self.usage.total_tokens, self.usage.cost):
+            return _StopQuery("budget")
+        return None
 
     # -- one sample -----------------------------------------------------------------------------
     async def _sample(self, cand: Candidate) -> None:

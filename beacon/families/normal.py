@@ -335,7 +335,7 @@ def _check_prior_range(p: NIGPrior, k_first: int) -> None:
     nu, alpha = p.nu0, p.alpha0
     for _ in range(k_first):
         nu, alpha = nu + 1.0, alpha + 0.5
-    if nu > 0 and alpha > 0 and (nu + 1.0) * p.beta0 / (nu * alpha) == _INF:
+    if _scale(k_first, k_first, nu, alpha, p.beta0) == _INF:  # NaN where nu or alpha <= 0
         raise ConfigError(
             "prior.beta0", p.beta0,
             f"with nu0={p.nu0:g} and alpha0={p.alpha0:g} the predictive scale"

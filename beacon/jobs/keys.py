@@ -139,9 +139,10 @@ def _identity(record: PromptRecord, spec: JobSpec) -> int:
 
 
 def check_unique_ids(items: Iterable[PromptRecord | LineError], spec: JobSpec, *,
-                     source: str | None = None) -> None:
+                     source: str | None = None) -> int:
     """Raise :class:`DuplicateIdError` for the first prompt record whose id an earlier,
-    different record has (run as a job, both would write a result line with that id).
+    different record has (run as a job, both would write a result line with that id);
+    return how many items there are (a prompts file's non-blank lines: the job's size).
 
     Ids are compared as the log reader compares them (as strings: ``1`` and ``"1"`` are one
     id); records are told apart as their keys tell them apart, so a repeated line (which
@@ -151,6 +152,7 @@ def check_unique_ids(items: Iterable[PromptRecord | LineError], spec: JobSpec, *
     _spec_part(spec, None)  # a spec that is no JobSpec: the error every key function raises
     # 64 bits of a digest are plenty to tell the records of one id apart, in little memory
     seen: dict[str, tuple[int, int]] = {}
+    pos = 0
     for pos, item in enumerate(items, start=1):
         if not isinstance(item, PromptRecord):
             continue
@@ -159,6 +161,7 @@ def check_unique_ids(items: Iterable[PromptRecord | LineError], spec: JobSpec, *
         first = seen.setdefault(str(item.id), (line, ident))
         if first[1] != ident:
             raise DuplicateIdError(item.id, first[0], line, source)
+    return pos
 
 
 def job_fingerprint(spec: JobSpec, input_digest: str) -> str:

@@ -268,8 +268,8 @@ def _own_lines(items: Iterable[PromptRecord | LineError], spec: JobSpec,
     own = {record_key(item, spec) for item in items if isinstance(item, PromptRecord)}
     found = [line for key, line in lines.items() if key in own]
     for line in found:
-        rw = line["rewards"]
-        if not _rewards_ok(rw):
+        if "id" in line:  # kept by _ok_lines for a line whose rewards are damaged only
+            rw = line["rewards"]
             raise OutputError(
                 f"{out}: the line of prompt id {line.get('id')!r} has rewards={str(rw)[:200]}, "
                 "not a list of numbers and nulls; the warm start seeds its prior from them: "
@@ -366,17 +366,16 @@ async def arun_job(
     starter = WarmStarter(warm_start, spec.config) if warm_start is not None else None
     refitting: asyncio.Task[None] | None = None
     t0 = time.perf_counter()
+    total: int | None = None  # the job's size, for the progress bar: known for a file or a list
     if prompts_path is not None or isinstance(prompts, Sequence):
         # Two different prompts with one id would both be paid for and written under that id:
         # refused before any file is opened or model called. (An iterable that can be read
         # only once is not read twice for it.) A daemon thread that only reads: Ctrl-C
         # abandons it at once, where asyncio.run would wait for a big file's scan to end.
-        await call_in_thread(functools.partial(
+        # The scan reads one item per non-blank line, so it also counts the job.
+        total = await call_in_thread(functools.partial(
             check_unique_ids, iter_records(prompts if prompts_path is None else prompts_path),
             spec, source=None if prompts_path is None else prompts_path.name))
-    total = count_prompt_lines(prompts_path) if prompts_path is not None else None
-    if total is None and isinstance(prompts, Sequence):
-        total = len(prompts)
     own_executor = executor is None
     offload_sync = boolean("offload_sync", offload_sync)
     ex = executor or PromptExecutor(spec, allowed=allowed, call_concurrency=call_concurrency,
