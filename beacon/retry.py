@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
+import enum
+import inspect
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from beacon._checks import is_real, positive_int, real_as_float
 from beacon.errors import ConfigError
@@ -34,9 +36,12 @@ __all__ = [
     "is_retryable",
     "parse_retry_after",
     "retry_after_of",
+    "retryable_status",
 ]
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})
+#: 5xx statuses that say the request can never succeed as sent: not retried.
+PERMANENT_5XX = frozenset({501, 505})
 
 
 class TransientError(Exception):
@@ -61,26 +66,110 @@ class RetryAfterTooLongError(ConfigError):
         self.retry_after = retry_after
         hint = (
             f" (raise max_retry_after to at least {retry_after:g} s to wait)"
-            if math.isfinite(retry_after) else ""
+            if math.isfinite(retry_after)
+            else ""
         )
         super().__init__(
-            "max_retry_after", max_retry_after,
+            "max_retry_after",
+            max_retry_after,
             f"the server asked to wait {retry_after:g} s before retrying (Retry-After), "
             f"longer than max_retry_after allows; retrying sooner would be refused again, so "
             f"the call was not retried{hint}",
         )
 
 
+def retryable_status(status: int) -> bool:
+    """Whether a failure with HTTP ``status`` is worth retrying: 408, 425, 429, or a 5xx other
+    than 501 and 505 (the server cannot do what was asked, however often it is asked)."""
+    return status in RETRYABLE_STATUS or (status >= 500 and status not in PERMANENT_5XX)
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    """``v`` is an ``int`` (a status, a protobuf integer field), not a bool."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _http_status(v: object) -> int | None:
+    """``v`` when it is an HTTP status (an int in 100-599, never a bool), else ``None``."""
+    return v if _is_int(v) and 100 <= v <= 599 else None
+
+
+# gRPC status names (google/rpc/code.proto) in number order from 1 (0 is OK), each with the
+# HTTP status Google maps it to: a failure known only by its gRPC status then meets the same
+# rule as an HTTP one (RESOURCE_EXHAUSTED 429, UNAVAILABLE 503, DEADLINE_EXCEEDED 504 and
+# INTERNAL 500 are retried).
+_GRPC_HTTP_STATUS = {
+    "CANCELLED": 499,
+    "UNKNOWN": 500,
+    "INVALID_ARGUMENT": 400,
+    "DEADLINE_EXCEEDED": 504,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
+    "FAILED_PRECONDITION": 400,
+    "ABORTED": 409,
+    "OUT_OF_RANGE": 400,
+    "UNIMPLEMENTED": 501,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+    "DATA_LOSS": 500,
+    "UNAUTHENTICATED": 401,
+}
+_GRPC_NAMES = ("OK", *_GRPC_HTTP_STATUS)  # by number
+
+
+def _grpc_http_status(v: object, numeric: bool) -> int | None:
+    """The HTTP status of gRPC status ``v``: a ``grpc.StatusCode``-like enum (by its name), an
+    exact name such as ``"UNAVAILABLE"``, or, when ``numeric``, its number (0-16)."""
+    if isinstance(v, enum.Enum):
+        v = v.name
+    elif numeric and _is_int(v) and 0 <= v < len(_GRPC_NAMES):
+        v = _GRPC_NAMES[v]
+    return _GRPC_HTTP_STATUS.get(v) if isinstance(v, str) else None
+
+
 def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a failed call, or ``None``; first found of, in order:
+
+    1. an int HTTP status (100-599, never a bool) in ``exc.status``, ``exc.status_code``,
+       ``exc.http_status``, then ``exc.code`` (google-genai's ``APIError`` and
+       google-api-core's ``GoogleAPICallError`` carry it there, as urllib's ``HTTPError`` and
+       tornado's ``HTTPClientError`` do); ``code`` last, as the most overloaded name: an int
+       outside 100-599 (a websocket close code such as 1006, an errno-like 2) is no status;
+    2. ``exc.response.status_code`` (httpx and requests responses), or, for a dict
+       ``exc.response``, its ``ResponseMetadata.HTTPStatusCode`` (botocore's ``ClientError``,
+       e.g. a Bedrock ``ThrottlingException`` is a 429);
+    3. a gRPC status mapped to its HTTP status: ``exc.grpc_status_code`` (google-api-core: a
+       ``grpc.StatusCode``, or its number), then ``exc.status`` when it is a gRPC name (the
+       string google-genai's ``APIError`` carries, e.g. ``"RESOURCE_EXHAUSTED"``); any other
+       string is neither read as a number nor an error.
+
+    ``code`` is read without running a property (:func:`inspect.getattr_static`): websockets'
+    ``ConnectionClosed.code`` is a deprecated property that warns on every read.
+    """
     for name in ("status", "status_code", "http_status"):
-        v = getattr(exc, name, None)
-        if isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599:
-            return v
+        status = _http_status(getattr(exc, name, None))
+        if status is not None:
+            return status
+    status = _http_status(inspect.getattr_static(exc, "code", None))
+    if status is not None:
+        return status
     resp = getattr(exc, "response", None)
-    v = getattr(resp, "status_code", None) if resp is not None else None
-    if isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599:
-        return v
-    return None
+    if isinstance(resp, dict):
+        # botocore's ClientError (Bedrock through boto3): the parsed response is a dict
+        meta = resp.get("ResponseMetadata")
+        status = _http_status(meta.get("HTTPStatusCode") if isinstance(meta, dict) else None)
+        if status is not None:
+            return status
+    elif resp is not None:
+        status = _http_status(getattr(resp, "status_code", None))
+        if status is not None:
+            return status
+    status = _grpc_http_status(getattr(exc, "grpc_status_code", None), numeric=True)
+    if status is not None:
+        return status
+    return _grpc_http_status(getattr(exc, "status", None), numeric=False)
 
 
 def parse_retry_after(value: Any) -> float | None:
@@ -128,9 +217,11 @@ def retry_after_of(exc: BaseException) -> float | None:
 
     An ``exc.retry_after`` number (this package's HTTP scorer sets it) wins; otherwise the
     ``retry-after-ms`` or ``retry-after`` header of ``exc.response`` (the OpenAI and Anthropic
-    SDKs' and httpx's status errors carry the response), else of ``exc.headers`` (aiohttp's
-    ``ClientResponseError`` from ``raise_for_status()`` and urllib's ``HTTPError`` carry the
-    headers themselves).
+    SDKs' and httpx's status errors, and google-genai's ``APIError``, carry the response), else
+    of ``exc.headers`` (aiohttp's ``ClientResponseError`` from ``raise_for_status()`` and
+    urllib's ``HTTPError`` carry the headers themselves); else a ``google.rpc.RetryInfo`` in
+    the error's ``details`` (:func:`_retry_info_of`: Google APIs put their wait there, e.g. a
+    Gemini 429's ``"retryDelay": "58s"``, rather than in a header).
     """
     ra = getattr(exc, "retry_after", None)
     if ra is not None and is_real(ra):
@@ -139,24 +230,74 @@ def retry_after_of(exc: BaseException) -> float | None:
     headers = getattr(getattr(exc, "response", None), "headers", None)
     if headers is None:
         headers = getattr(exc, "headers", None)
-        if headers is None:
-            return None
-    ms = _seconds(_header(headers, "retry-after-ms"))
-    if ms is not None:
-        return ms / 1000.0
-    return parse_retry_after(_header(headers, "retry-after"))
+    if headers is not None:
+        ms = _seconds(_header(headers, "retry-after-ms"))
+        if ms is not None:
+            return ms / 1000.0
+        after = parse_retry_after(_header(headers, "retry-after"))
+        if after is not None:
+            return after
+    return _retry_info_of(exc)
+
+
+_RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo"
+
+
+def _retry_info_of(exc: BaseException) -> float | None:
+    """The ``retryDelay`` of a ``google.rpc.RetryInfo`` among ``exc.details``, seconds, or
+    ``None``.
+
+    ``details`` is google-genai's ``APIError.details`` (the error body: a dict whose
+    ``error.details``, or own ``details``, lists the entries) or google-api-core's
+    ``GoogleAPICallError.details`` (the entries: JSON dicts from a REST call, protobuf
+    messages from a gRPC one). A JSON entry is ``{"@type": ".../google.rpc.RetryInfo",
+    "retryDelay": "58s"}``; a protobuf one a ``RetryInfo`` whose ``retry_delay`` has
+    ``seconds`` and ``nanos``. Anything else is no hint.
+    """
+    details = getattr(exc, "details", None)
+    if isinstance(details, dict):
+        body = details.get("error", details)
+        details = body.get("details") if isinstance(body, dict) else None
+    if not isinstance(details, list | tuple):
+        return None
+    for entry in details:
+        if isinstance(entry, dict):
+            if entry.get("@type") == _RETRY_INFO_TYPE:
+                return _duration_seconds(entry.get("retryDelay"))
+        elif type(entry).__name__ == "RetryInfo":
+            delay = getattr(entry, "retry_delay", None)
+            secs, nanos = getattr(delay, "seconds", None), getattr(delay, "nanos", None)
+            if _is_int(secs) and _is_int(nanos):
+                return _seconds(real_as_float(secs) + real_as_float(nanos) / 1e9)
+    return None
+
+
+def _duration_seconds(value: Any) -> float | None:
+    """A protobuf JSON ``Duration`` (``"58s"``, ``"0.5s"``) as seconds >= 0, else ``None``."""
+    if isinstance(value, str) and value.endswith("s"):
+        return _seconds(value[:-1])
+    return None
 
 
 # Transient network failures of HTTP clients and model SDKs whose errors are not OSErrors:
 # (top-level package, class name in the error's MRO). Duck-typed: none of them is imported.
-_TRANSIENT_CLIENT_ERRORS = frozenset({
-    ("aiohttp", "ClientError"),  # connection resets, server disconnects
-    ("httpx", "TimeoutException"),  # connect / read / write / pool timeouts
-    ("httpx", "NetworkError"),  # connect / read / write errors
-    ("httpx", "RemoteProtocolError"),  # the server dropped the connection mid-answer
-    ("openai", "APIConnectionError"),  # and its APITimeoutError
-    ("anthropic", "APIConnectionError"),  # and its APITimeoutError
-})
+_TRANSIENT_CLIENT_ERRORS = frozenset(
+    {
+        ("aiohttp", "ClientError"),  # connection resets, server disconnects
+        ("httpx", "TimeoutException"),  # connect / read / write / pool timeouts
+        ("httpx", "NetworkError"),  # connect / read / write errors
+        ("httpx", "RemoteProtocolError"),  # the server dropped the connection mid-answer
+        ("openai", "APIConnectionError"),  # and its APITimeoutError
+        ("anthropic", "APIConnectionError"),  # and its APITimeoutError
+        # google-genai's Interactions API (and its APITimeoutError, APIWebSocketError)
+        ("google", "APIConnectionError"),
+        ("google", "TransportError"),  # google-auth: the network failed refreshing a credential
+        # httpx2, the fork of httpx that google-genai also accepts: the same classes as above
+        ("httpx2", "TimeoutException"),
+        ("httpx2", "NetworkError"),
+        ("httpx2", "RemoteProtocolError"),
+    }
+)
 
 
 def _is_transient_client_error(exc: BaseException) -> bool:
@@ -169,13 +310,17 @@ def _is_transient_client_error(exc: BaseException) -> bool:
 def is_retryable(exc: BaseException) -> bool:
     """Default classification of a failed call.
 
-    In order: an explicit boolean ``exc.retryable`` attribute wins; an HTTP status (``status``,
-    ``status_code`` or ``response.status_code``) is retryable iff 408, 425, 429 or 5xx;
-    timeouts (``TimeoutError``, which ``asyncio.TimeoutError`` is), ``ConnectionError`` and
-    other ``OSError`` are retryable; so are the network failures of HTTP clients and model
-    SDKs that are none of those: aiohttp client errors (connection resets, server
-    disconnects), httpx timeouts, network errors and ``RemoteProtocolError``, and the OpenAI
-    and Anthropic SDKs' ``APIConnectionError`` (``APITimeoutError`` included). Everything
+    In order: an explicit boolean ``exc.retryable`` attribute wins; an HTTP status
+    (:func:`_status_of`: ``status``, ``status_code``, ``http_status``, ``code``, then
+    ``response.status_code``, then a gRPC status such as Google SDKs' ``RESOURCE_EXHAUSTED``
+    mapped to its HTTP one) is retryable iff 408, 425, 429 or 5xx other than 501 (Not
+    Implemented, gRPC ``UNIMPLEMENTED``) and 505 (HTTP Version Not Supported); timeouts
+    (``TimeoutError``, which ``asyncio.TimeoutError`` is), ``ConnectionError`` and other
+    ``OSError`` are retryable; so are the network failures of HTTP clients and model SDKs
+    that are none of those: aiohttp client errors (connection resets, server disconnects),
+    httpx's (and its fork httpx2's) timeouts, network errors and ``RemoteProtocolError``, the
+    OpenAI and Anthropic SDKs' ``APIConnectionError`` (``APITimeoutError`` included),
+    google-genai's ``APIConnectionError`` and google-auth's ``TransportError``. Everything
     else (``ValueError``, ``TypeError``, ...) is not.
     """
     flag = getattr(exc, "retryable", None)
@@ -183,7 +328,7 @@ def is_retryable(exc: BaseException) -> bool:
         return flag
     status = _status_of(exc)
     if status is not None:
-        return status in RETRYABLE_STATUS or status >= 500
+        return retryable_status(status)
     if isinstance(exc, TimeoutError | ConnectionError | OSError):
         return True
     return _is_transient_client_error(exc)
@@ -229,9 +374,7 @@ class RetryPolicy:
         if not is_real(j) or not 0 <= j <= 1:
             raise ConfigError("jitter", j, "must be in [0, 1]")
         if self.retry_on is not None and not callable(self.retry_on):
-            raise ConfigError(
-                "retry_on", self.retry_on, "must be a callable exc -> bool, or None"
-            )
+            raise ConfigError("retry_on", self.retry_on, "must be a callable exc -> bool, or None")
         for name in ("base_delay", "max_delay", "max_retry_after", "multiplier", "jitter"):
             object.__setattr__(self, name, float(getattr(self, name)))
 

@@ -92,7 +92,8 @@ async def guarded_call(
     backoff, or the server's wait when larger (in full, up to the policy's
     ``max_retry_after``; a longer one ends the call with
     :class:`beacon.retry.RetryAfterTooLongError`): the error's ``retry_after`` seconds, else its
-    response's ``retry-after-ms`` / ``retry-after`` header (:func:`beacon.retry.retry_after_of`).
+    response's ``retry-after-ms`` / ``retry-after`` header, else a Google ``RetryInfo`` delay in
+    its ``details`` (:func:`beacon.retry.retry_after_of`).
     Cancellation of the calling task always propagates: at once, or, for a callee that
     swallows it (the call is awaited inline), when that callee returns; the cancellation then
     stands (see :func:`_own_cancel_is_error`). What a failed attempt reports it spent

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from beacon.errors import BeaconError, RewardError
+from beacon.retry import retryable_status
 
 __all__ = [
     "RewardConnectionError",
@@ -30,7 +31,8 @@ class ScorerError(BeaconError):
 class RewardHTTPError(ScorerError):
     """The endpoint answered with a non-2xx status.
 
-    Retryable for 408, 425, 429 and 5xx. ``retry_after`` holds the server's ``Retry-After``
+    Retryable for 408, 425, 429 and 5xx other than 501 and 505
+    (:func:`beacon.retry.retryable_status`). ``retry_after`` holds the server's ``Retry-After``
     seconds when it sent one (the engine waits at least that long before retrying, or gives up
     at once when that is longer than its policy's ``max_retry_after``:
     :class:`beacon.retry.RetryAfterTooLongError`).
@@ -41,7 +43,7 @@ class RewardHTTPError(ScorerError):
         self.url = url
         self.body = body
         self.retry_after = retry_after
-        self.retryable = status in (408, 425, 429) or status >= 500
+        self.retryable = retryable_status(status)
         detail = f": {body}" if body else ""
         super().__init__(f"reward endpoint {url} returned HTTP {status}{detail}")
 
