@@ -22,6 +22,16 @@ The body is encoded as strict JSON before it is sent: a prompt or response that 
 JSON-serializable (a set, an arbitrary object, NaN) is a :class:`RewardRequestError` naming the
 field, never retried.
 
+Spend: ``usage`` says where the endpoint reports the tokens it billed (an LLM judge, a hosted
+reward model), so that the engine counts them as the scorer's (``score_input_tokens`` /
+``score_output_tokens``) and against the budget's ``max_tokens`` / ``max_cost``: a dotted path
+(as ``score_path``, without ``*``) to an OpenAI-style (``prompt_tokens``, ``completion_tokens``,
+``prompt_tokens_details.cached_tokens``) or Anthropic-style (``input_tokens``,
+``output_tokens``, ``cache_read_input_tokens``, ``cache_creation_input_tokens``) object, or a
+callable ``f(json) -> mapping | beacon.Score | None``. The scorer then returns a
+:class:`beacon.Score` (batched: the call's spend on the batch's first value, never once per
+response). :meth:`HttpRewardScorer.openai_compatible` reads ``"usage"`` by default.
+
 Auth: ``api_key_env`` names an environment variable read when the scorer is created; its value
 is sent as ``{auth_header}: {auth_scheme} <value>`` and never appears in ``repr``, errors or
 events.
@@ -31,6 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -38,11 +50,12 @@ import re
 import threading
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from beacon._checks import is_real
-from beacon.engine.protocol import as_reward
+from beacon.engine.calls import SPEND_ATTR
+from beacon.engine.protocol import Score, as_reward
 from beacon.errors import ConfigError, RewardError
 from beacon.retry import parse_retry_after
 from beacon_integrations import import_extra
@@ -60,6 +73,7 @@ if TYPE_CHECKING:
 __all__ = ["HttpRewardScorer", "extract_path"]
 
 
+_T = TypeVar("_T")
 _PLACEHOLDER = re.compile(r"\{(prompt|prompts|response|responses|messages)\}")
 # How much of an error status's body is read: enough for the message (and to scrub a key in it).
 _ERROR_BODY_BYTES = 8192
@@ -309,6 +323,143 @@ def _vllm_single_score(doc: Any) -> float:
     return _as_score(extract_path(doc, "data.0.score"), "data.0.score")
 
 
+_ABSENT = object()  # a usage path that the response does not hold: no spend reported
+_USAGE_KEYS = (
+    "prompt_tokens and completion_tokens (OpenAI) or input_tokens and output_tokens (Anthropic)"
+)
+
+
+def _find_usage(doc: Any, path: str) -> Any:
+    """The value at the dotted ``path`` of ``doc``, or ``_ABSENT`` where a field on the way is
+    missing or ``null``, or a list index is out of range: a server may leave its usage out (or
+    send ``"usage": null``), which reports no spend. A path that runs into a value of the wrong
+    kind (a scalar, a list indexed by a name) is a :class:`RewardResponseError` naming it: the
+    ``usage`` setting does not fit this server's answers."""
+    cur: Any = doc
+    parts = path.split(".") if path else []
+    for i, part in enumerate(parts):
+        if isinstance(cur, Mapping):
+            cur = cur.get(part)
+        elif isinstance(cur, list) and re.fullmatch(r"-?\d+", part):
+            cur = cur[int(part)] if -len(cur) <= int(part) < len(cur) else None
+        else:
+            here = ".".join(parts[: i + 1])
+            raise RewardResponseError(here, cur, "cannot follow the usage path into this value")
+        if cur is None:
+            return _ABSENT
+    return _ABSENT if cur is None else cur
+
+
+def _field_name(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _token_count(obj: Mapping[str, Any], key: str, where: str, *, required: bool) -> int | None:
+    """``obj[key]`` as a token count: a JSON integer >= 0 (not a bool, not ``1.0``); else a
+    :class:`RewardResponseError` naming the field and value. An optional count that is missing
+    or ``null`` is ``None`` (not reported); a required one is an error."""
+    v = obj.get(key, _ABSENT)
+    if v is None and not required:
+        return None
+    if v is _ABSENT:
+        if not required:
+            return None
+        raise RewardResponseError(
+            _field_name(where, key), _keys(obj), "token count missing; found these keys"
+        )
+    if type(v) is not int or v < 0:  # a required null too
+        raise RewardResponseError(_field_name(where, key), v, "must be an integer >= 0")
+    return v
+
+
+def _sub(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any] | None:
+    """The nested object ``obj[key]`` (``None`` when missing or ``null``), else an error."""
+    v = obj.get(key)
+    if v is None or isinstance(v, Mapping):
+        return v
+    raise RewardResponseError(_field_name(where, key), v, "expected an object")
+
+
+def _nested_count(obj: Mapping[str, Any], key: str, count: str, where: str) -> int | None:
+    """The optional token count ``obj[key][count]`` (``None`` when either is absent)."""
+    sub = _sub(obj, key, where)
+    if sub is None:
+        return None
+    return _token_count(sub, count, _field_name(where, key), required=False)
+
+
+def _usage_spend(obj: Any, where: str) -> Score:
+    """A spend-only :class:`beacon.Score` of the usage object ``obj`` found at ``where``.
+
+    Read as the engine reads an SDK response's usage: OpenAI's ``prompt_tokens`` include the
+    cached ones (``prompt_tokens_details.cached_tokens``, reads); Anthropic's ``input_tokens``
+    do not, so its ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` are added to
+    them (``cache_creation.ephemeral_1h_input_tokens``: the 1-hour part of the writes); plain
+    ``input_tokens`` / ``output_tokens`` (OpenAI's Responses API, or a server's own) with
+    ``input_tokens_details.cached_tokens`` as reads. Both counts of a style are required.
+    """
+    if not isinstance(obj, Mapping):
+        raise RewardResponseError(
+            where or "<usage>", obj, f"expected a usage object with {_USAGE_KEYS}"
+        )
+    if "prompt_tokens" in obj or "completion_tokens" in obj:
+        names = ("prompt_tokens", "completion_tokens")
+    elif "input_tokens" in obj or "output_tokens" in obj:
+        names = ("input_tokens", "output_tokens")
+    else:
+        raise RewardResponseError(
+            where or "<usage>", _keys(obj), f"no token counts: expected {_USAGE_KEYS}"
+        )
+    it = _token_count(obj, names[0], where, required=True)
+    ot = _token_count(obj, names[1], where, required=True)
+    assert it is not None and ot is not None
+    write = h1 = None
+    read_at = f"{names[0]}_details.cached_tokens"  # OpenAI's chat or Responses API
+    read = _nested_count(obj, f"{names[0]}_details", "cached_tokens", where)
+    if names[0] == "input_tokens":
+        anthropic_read = _token_count(obj, "cache_read_input_tokens", where, required=False)
+        write = _token_count(obj, "cache_creation_input_tokens", where, required=False)
+        if anthropic_read is not None or write is not None:
+            # Anthropic: the cache is not in its input_tokens, yet was processed and billed
+            read, read_at = anthropic_read, "cache_read_input_tokens"
+            it += (read or 0) + (write or 0)
+            h1 = _nested_count(obj, "cache_creation", "ephemeral_1h_input_tokens", where)
+            if h1 is not None and h1 > (write or 0):
+                raise RewardResponseError(
+                    _field_name(where, "cache_creation.ephemeral_1h_input_tokens"),
+                    h1,
+                    f"more than the {write or 0} cache_creation_input_tokens it is part of",
+                )
+    if read is not None and read > it:
+        raise RewardResponseError(
+            _field_name(where, read_at), read, f"more cached tokens than the {it} input tokens"
+        )
+    return Score(None, it, ot, None, read, write, h1)
+
+
+def _check_usage(usage: Any) -> None:
+    if usage is None or callable(usage):
+        return
+    if not isinstance(usage, str):
+        raise ConfigError(
+            "usage",
+            usage,
+            "must be a dotted path to the answer's usage object, a callable json -> usage "
+            "mapping / beacon.Score / None, or None",
+        )
+    if "*" in usage.split("."):
+        raise ConfigError("usage", usage, "cannot map over a list ('*'): a call bills once")
+
+
+def _charge(exc: BaseException, spend: Score) -> None:
+    """Put a call's ``spend`` on the exception that fails it (the engine's ``SPEND_ATTR``):
+    the endpoint answered and billed, so the engine counts it even though no reward came of
+    it. An exception already carrying a spend (a ``score_path`` callable's own) keeps it."""
+    if getattr(exc, SPEND_ATTR, None) is None:
+        with contextlib.suppress(AttributeError, TypeError):  # an exception without __dict__
+            setattr(exc, SPEND_ATTR, spend)
+
+
 class HttpRewardScorer:
     """A reward scorer calling an HTTP JSON endpoint; usable as a BeaconSampler ``score``.
 
@@ -338,6 +489,38 @@ class HttpRewardScorer:
         max_response_bytes: largest response body read (default 10 MiB); a larger one is a
             :class:`RewardResponseError` at ``"<body>"``, never read into memory whole. An
             error status's body is read only as far as the message needs.
+        usage: where the answer reports what the call billed (see "Spend" below); ``None``
+            (default) reads nothing and costs nothing per call.
+
+    Spend: with ``usage`` set, a call whose answer reports its tokens gives a
+    :class:`beacon.Score` (a batched call: on its first value alone, the others bare, so one
+    POST is counted once) with ``cost=None``: the engine counts the tokens as the scorer's
+    (``Usage.score_input_tokens`` / ``score_output_tokens``, and in ``total_tokens`` for the
+    budget's ``max_tokens``) and prices them with the budget's per-token prices
+    (``price_per_input_token``, ``price_per_output_token``, the cache prices), as it prices a
+    model response that reports tokens only, into ``score_cost`` and ``max_cost`` (a budget
+    with a ``max_cost`` but no prices lists it in ``budget_unenforced``). ``usage`` is one of:
+
+    * a dotted path to the usage object, as ``score_path`` (no ``*``: a call bills once), e.g.
+      ``"usage"``. Its keys are OpenAI's ``prompt_tokens`` / ``completion_tokens`` (with
+      ``prompt_tokens_details.cached_tokens`` as cache reads) or Anthropic's ``input_tokens``
+      / ``output_tokens`` (with ``cache_read_input_tokens`` / ``cache_creation_input_tokens``,
+      added to its input tokens as the engine does for Anthropic responses);
+    * a callable ``f(json)`` returning such a mapping, a :class:`beacon.Score` (its counts and
+      ``cost`` are taken, its reward ignored: the way to report money in the budget's
+      currency) or ``None``.
+
+    An answer without the usage object (the path missing, or ``null``) reports nothing: the
+    reward stands as a bare number. A usage object that is present but malformed (a count
+    missing, negative, fractional, a bool or a string; more cached tokens than input tokens)
+    is a :class:`RewardResponseError` naming the field and value, which fails the sample (not
+    retried) although its reward may be fine: a budget trusts these counts, and a call whose
+    spend cannot be read would escape the caps unnoticed. Pass ``usage=None`` to not count
+    such an endpoint's spend. An answer that reports usage but whose reward cannot be read
+    still counts: the spend rides on the error as ``beacon_spend`` (the engine's
+    ``SPEND_ATTR``), as the LangChain and LlamaIndex adapters do for a failed judge call.
+    :meth:`score` and :meth:`score_batch` return the rewards alone; the engine calls the
+    scorer itself, which returns the ``Score``.
 
     Redirects are not followed: a 3xx answer is a (non-retryable) :class:`RewardHTTPError`
     naming the status and the ``Location`` (without its query), since following it would send
@@ -364,8 +547,10 @@ class HttpRewardScorer:
         max_connections: int = 64,
         max_connections_per_host: int = 0,
         max_response_bytes: int = 10 * 2**20,
+        usage: str | Callable[[Any], Any] | None = None,
     ) -> None:
         _check_url(url)
+        _check_usage(usage)
         if not (isinstance(score_path, str) or callable(score_path)):
             raise ConfigError("score_path", score_path, "must be a dotted path or a callable")
         if isinstance(score_path, str) and score_path.count("*") > 1:
@@ -397,6 +582,7 @@ class HttpRewardScorer:
         _check_placeholders(request_template, self.batched)
         self.request_template = request_template
         self.score_path = score_path
+        self.usage = usage
         self.headers = _check_headers(headers)
         self.api_key_env = api_key_env
         self._auth: dict[str, str] = {}
@@ -446,6 +632,7 @@ class HttpRewardScorer:
         *,
         api_key_env: str | None = "OPENAI_API_KEY",
         score_path: str | Callable[[Any], Any] | None = None,
+        usage: str | Callable[[Any], Any] | None = "usage",
         **kwargs: Any,
     ) -> HttpRewardScorer:
         """A reward model served through an OpenAI-compatible chat-completions API.
@@ -455,12 +642,19 @@ class HttpRewardScorer:
         assistant response]}``; the reward is the first number in
         ``choices[0].message.content`` (e.g. ``"reward:-3.25"`` or ``"0.82"``). Override
         ``score_path`` for servers that put it elsewhere. Unbatched (one response per request).
+
+        The answer's standard ``usage`` object (``prompt_tokens``, ``completion_tokens``,
+        ``prompt_tokens_details.cached_tokens``) is read by default: the scorer returns a
+        :class:`beacon.Score` with those tokens, which the engine counts as the scorer's and
+        prices by the budget's per-token prices (see the class's "Spend"); an answer without
+        ``usage`` gives the bare reward. ``usage=None`` turns this off.
         """
         return cls(
             base_url.rstrip("/") + "/chat/completions",
             request_template={"model": model, "messages": "{messages}"},
             score_path=score_path or number_in_text("choices.0.message.content"),
             api_key_env=api_key_env,
+            usage=usage,
             **kwargs,
         )
 
@@ -484,7 +678,9 @@ class HttpRewardScorer:
         permutation of ``0..n-1`` -- a duplicate, a 1-based index, in single mode anything
         but 0 -- are a :class:`RewardResponseError` naming the field (``data.*.index``,
         ``data.0.index``) and the value; a single answer must have exactly one ``data``
-        element. The prompt should be a string.
+        element. The prompt should be a string. vLLM reports the prompt tokens it processed
+        in ``usage``; ``usage="usage"`` counts them as the scorer's (not read by default: a
+        self-hosted model bills no tokens, and a budget's ``max_tokens`` would count them).
         """
         return cls(
             base_url.rstrip("/") + path,
@@ -507,6 +703,8 @@ class HttpRewardScorer:
         a string, NaN...) gets its :class:`RewardResponseError` in its place, so the engine
         fails that sample alone, reporting the error (as for any batched scorer, see
         :func:`beacon.engine.protocol.as_reward`). :meth:`score_batch` raises it instead.
+        With ``usage`` set, an answer that reports its spend gives a :class:`beacon.Score`
+        (batched: the first value, which may carry that response's error as its reward).
         """
         if self.batched:
             if isinstance(response, str | bytes) or not isinstance(response, Iterable):
@@ -514,28 +712,25 @@ class HttpRewardScorer:
                 raise RewardRequestError(
                     "responses", response, "a batched scorer takes a list of response texts"
                 )
-            return await self._batch(prompt, list(response))
-        return await self.score(prompt, response)
+            scores, spend = await self._batch(prompt, list(response))
+            if spend is None or not scores:
+                return scores
+            values: list[Any] = list(scores)
+            values[0] = dataclasses.replace(spend, reward=values[0])
+            return values
+        reward, spend = await self._single(prompt, response)
+        return reward if spend is None else dataclasses.replace(spend, reward=reward)
 
     async def score(self, prompt: Any, response: str) -> float:
-        """Score one response (one request, whatever the mode)."""
-        values = {"prompt": prompt, "response": response, "messages": _messages(prompt, response)}
-        body = _render(self.request_template, values) if not self.batched else _render(
-            self.request_template,
-            {**values, "responses": [response], "prompts": [prompt]},
-        )
-        doc = await self._post(_encode(body, values))
-        out = self._extract(doc)
-        if self.batched:
-            return _strict(self._as_list(out, 1))[0]
-        return _as_score(out, self._path_name())
+        """Score one response (one request, whatever the mode); the reward alone."""
+        return (await self._single(prompt, response))[0]
 
     async def score_batch(self, prompt: Any, responses: list[str]) -> list[float]:
         """Score many responses: one request in batched mode, else concurrent single requests.
 
         Any invalid score is a :class:`RewardResponseError` naming its field. Unbatched, the
         first failed request's error is raised once the other requests are cancelled and
-        finished: none is left running after the call.
+        finished: none is left running after the call. The rewards alone.
         """
         if not self.batched:
             tasks = [asyncio.ensure_future(self.score(prompt, r)) for r in responses]
@@ -545,18 +740,74 @@ class HttpRewardScorer:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-        return _strict(await self._batch(prompt, responses))
+        return _strict((await self._batch(prompt, responses))[0])
 
-    async def _batch(self, prompt: Any, responses: list[str]) -> list[float | RewardResponseError]:
-        """One request for all ``responses``; an invalid score is left as its error."""
+    async def _single(self, prompt: Any, response: str) -> tuple[float, Score | None]:
+        """One request for one response: its reward and the call's spend (``None``: none
+        reported)."""
+        values = {"prompt": prompt, "response": response, "messages": _messages(prompt, response)}
+        body = _render(self.request_template, values) if not self.batched else _render(
+            self.request_template,
+            {**values, "responses": [response], "prompts": [prompt]},
+        )
+        doc = await self._post(_encode(body, values))
+        return self._parse(doc, self._one_reward)
+
+    def _one_reward(self, doc: Any) -> float:
+        out = self._extract(doc)
+        if self.batched:
+            return _strict(self._as_list(out, 1))[0]
+        return _as_score(out, self._path_name())
+
+    async def _batch(
+        self, prompt: Any, responses: list[str]
+    ) -> tuple[list[float | RewardResponseError], Score | None]:
+        """One request for all ``responses``: their scores (an invalid one left as its error)
+        and the call's spend."""
         if not responses:
-            return []
+            return [], None
         values = {"prompt": prompt, "responses": list(responses)}
         body = _render(
             self.request_template, {**values, "prompts": [prompt] * len(responses)}
         )
-        return self._as_list(
-            self._extract(await self._post(_encode(body, values))), len(responses)
+        doc = await self._post(_encode(body, values))
+        n = len(responses)
+        return self._parse(doc, lambda d: self._as_list(self._extract(d), n))
+
+    def _parse(self, doc: Any, read: Callable[[Any], _T]) -> tuple[_T, Score | None]:
+        """``read(doc)`` (the reward or rewards) and the spend ``doc`` reports.
+
+        The spend is read first, so that a reward that cannot be read still has it: it goes on
+        that error (:func:`_charge`). With no ``usage`` set this is ``read(doc)`` alone."""
+        if self.usage is None:
+            return read(doc), None
+        spend = self._spend(doc)
+        if spend is None:
+            return read(doc), None
+        try:
+            return read(doc), spend
+        except Exception as exc:
+            _charge(exc, spend)
+            raise
+
+    def _spend(self, doc: Any) -> Score | None:
+        """The spend-only :class:`beacon.Score` that ``doc`` reports per ``usage``, or ``None``
+        (no usage object, or one reporting neither tokens nor cost)."""
+        usage = self.usage
+        if isinstance(usage, str):
+            found = _find_usage(doc, usage)
+            return None if found is _ABSENT else _usage_spend(found, usage)
+        assert usage is not None
+        got = usage(doc)
+        if got is None:
+            return None
+        if isinstance(got, Score):
+            # only its spend: the reward comes from score_path
+            return dataclasses.replace(got, reward=None) if got.reports else None
+        if isinstance(got, Mapping):
+            return _usage_spend(got, "<usage>")
+        raise ConfigError(
+            "usage", got, "the usage callable must return a usage mapping, a beacon.Score or None"
         )
 
     def _path_name(self) -> str:
