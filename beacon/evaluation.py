@@ -1398,10 +1398,22 @@ def evaluate(
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SweepPoint:
-    """BEACON's metrics at one cost ``c`` of a sweep."""
+    """BEACON's metrics at one cost ``c`` of a sweep.
+
+    ``short``: set by :func:`tune` for a ``c`` the caller gave, which may carry more digits
+    than are printed: the fewest significant digits (4 or more) at which BEACON makes the same
+    choices as at ``cost`` (:func:`_short_cost`), so that the printed ``c`` replays to this
+    point's numbers. None where ``cost`` is itself that short (a default grid's ``c``).
+    """
 
     cost: float
     metrics: PolicyMetrics
+    short: float | None = None
+
+    @property
+    def shown_cost(self) -> float:
+        """The ``c`` to print for this point: ``short`` where set, else ``cost``."""
+        return self.cost if self.short is None else self.short
 
     def to_dict(self) -> dict[str, Any]:
         return {"cost": self.cost, **self.metrics.to_dict()}
@@ -1696,11 +1708,44 @@ def _short_cost(
     return cost, metrics
 
 
-def _active_range(coarse: Sequence[SweepPoint], points: int) -> FloatArray:
+def _round_costs(costs: FloatArray) -> FloatArray:
+    """``costs`` rounded to the 4 significant digits a swept ``c`` is printed with.
+
+    A default grid's ``c`` is rounded before it is replayed, so the ``c`` printed for a swept
+    point (the knee included) is the very number whose choices the point reports: pasted into
+    ``beacon replay --cost`` or a config it replays them exactly, and no extra replay is
+    needed to check that. The rounding moves a grid point by at most 0.05%.
+    """
+    return np.array([float(f"{c:.{_COST_DIGITS - 1}e}") for c in costs], dtype=np.float64)
+
+
+def _shorten_points(
+    data: LoggedRewards,
+    cfg: BeaconConfig,
+    points: Sequence[SweepPoint],
+    progress: Callable[[int], None],
+    crossfit: CrossFit | None = None,
+) -> list[SweepPoint]:
+    """``points`` with ``short`` set (:func:`_short_cost`): for costs the caller gave, which
+    keep their exact value; one replay per point whose 4 digits differ from its ``c``.
+    ``progress(done)`` is called after each point."""
+    out = []
+    for i, p in enumerate(points):
+        short, _ = _short_cost(data, cfg, p.cost, p.metrics, crossfit)
+        out.append(p if short == p.cost else replace(p, short=short))
+        progress(i + 1)
+    return out
+
+
+def _active_range(
+    coarse: Sequence[SweepPoint], points: int, exact: FloatArray | None = None
+) -> FloatArray:
     """A log grid over the part of a coarse sweep where ``E[K]`` actually changes.
 
     Costs below the last one that still uses the most samples, or above the first that already
     uses the fewest, all give the same policy on this data; resolution is spent in between.
+    ``exact``: the coarse grid before :func:`_round_costs`, whose ends the grid spans (so
+    rounding the coarse grid does not shift the fine one); None: the coarse points' own costs.
     """
     k = np.array([p.metrics.avg_samples for p in coarse])
     c = np.array([p.cost for p in coarse])
@@ -1708,7 +1753,8 @@ def _active_range(coarse: Sequence[SweepPoint], points: int) -> FloatArray:
     hi = int(np.flatnonzero(k == k[-1])[0])
     if hi <= lo:
         return c
-    return np.logspace(math.log10(c[lo]), math.log10(c[hi]), points)
+    ends = c if exact is None else exact
+    return np.logspace(math.log10(ends[lo]), math.log10(ends[hi]), points)
 
 
 @dataclass(frozen=True)
@@ -1808,9 +1854,12 @@ def tune(
 
     ``data`` is the raw log (``bernoulli`` uses its labels). ``costs`` defaults to
     :func:`cost_grid` (``n_costs`` costs) followed by a second log grid of as many points over
-    the range where ``E[K]`` changes. ``target_samples`` (``E[K]`` at most this) and
-    ``max_quality_loss`` (quality at least best-of-horizon's minus this) are mutually exclusive.
-    ``progress(done, total)`` is called after each replay of the sweep. With ``crossfit``
+    the range where ``E[K]`` changes, both rounded to 4 significant digits (the printed ``c``
+    is the replayed one). Given ``costs`` are swept exactly as given, and each point's ``short``
+    is the ``c`` to print for it (one more replay per point). ``target_samples`` (``E[K]`` at
+    most this) and ``max_quality_loss`` (quality at least best-of-horizon's minus this) are
+    mutually exclusive. ``progress(done, total)`` is called after each swept point (twice per
+    given cost: its replay, then its shortening). With ``crossfit``
     (:func:`cross_fit` on the same log) every replay uses the prior fitted without the replayed
     prompts, and costs are in per-prompt standardized units (see :func:`evaluate`).
     """
@@ -1839,13 +1888,27 @@ def tune(
             if progress is not None:
                 progress(grid.size + done, total)
 
+        exact, grid = grid, _round_costs(grid)
         coarse = sweep_costs(data, cfg, grid, first_pass, crossfit)
-        points = sweep_costs(data, cfg, _active_range(coarse, grid.size), second_pass, crossfit)
+        fine = _round_costs(_active_range(coarse, grid.size, exact))
+        points = sweep_costs(data, cfg, fine, second_pass, crossfit)
     else:
         grid = np.sort(np.asarray(costs, dtype=np.float64))
         if grid.size < 2 or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
             raise ConfigError("costs", [float(c) for c in grid], "need >= 2 finite costs > 0")
-        points = sweep_costs(data, cfg, grid, progress, crossfit)
+        size = int(grid.size)
+
+        def swept(done: int, _total: int) -> None:
+            if progress is not None:
+                progress(done, 2 * size)
+
+        def shortened(done: int) -> None:
+            if progress is not None:
+                progress(size + done, 2 * size)
+
+        points = sweep_costs(data, cfg, grid, swept, crossfit)
+        # the caller's c are kept exact; the digits printed for each are checked by replay
+        points = _shorten_points(data, cfg, points, shortened, crossfit)
     knee = find_knee(points, q)
     if target_samples is not None:
         choice = choose_cost_for_target_samples(
@@ -1862,7 +1925,8 @@ def tune(
         choice = CostChoice(kp.cost, kp.metrics, "knee")
     if not _is_swept(choice, points):
         # a budget's bisected c, printed to be pasted: the shortest with the same choices (a
-        # knee or a budget met at a swept point keeps the sweep's own c)
+        # knee or a budget met at a swept point keeps the sweep's own c, printed as its point's
+        # shown_cost)
         short, short_m = _short_cost(data, cfg, choice.cost, choice.metrics, crossfit)
         choice = replace(choice, cost=short, metrics=short_m)
     fixed = evaluate_fixed(data, cfg.horizon, choice.cost)

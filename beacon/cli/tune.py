@@ -59,6 +59,7 @@ from beacon.evaluation import (
     MatchedDifference,
     PolicyMetrics,
     QualityKind,
+    SweepPoint,
     TuneResult,
     cost_grid,
     interpolate_fixed,
@@ -76,6 +77,7 @@ __all__ = [
     "deploy_lines",
     "matched_range",
     "plot_tune",
+    "point_cost_text",
     "register",
     "replay_options",
     "se_band",
@@ -117,10 +119,11 @@ def matched_range(res: TuneResult) -> tuple[float, float]:
 
 
 def cost_text(c: float) -> str:
-    """A budget's recommended ``c`` as printed: 4 significant digits, more where those would
-    read back as another number (:func:`beacon.evaluation.tune` shortens a bisected ``c`` to
-    the fewest digits at which BEACON makes the same choices), so that pasting it into
-    ``beacon replay --cost`` or a config replays the numbers printed for it."""
+    """A ``c`` as printed: 4 significant digits, more where those would read back as another
+    number, so that pasting it into ``beacon replay --cost`` or a config replays exactly this
+    ``c``. :func:`beacon.evaluation.tune` makes the ``c`` it prints short: a default grid's
+    are rounded to 4 digits before they are replayed, and a bisected or a given ``c`` is
+    shortened to the fewest digits at which BEACON makes the same choices."""
     for digits in range(4, 18):
         text = f"{c:.{digits}g}"
         if float(text) == c:
@@ -128,12 +131,18 @@ def cost_text(c: float) -> str:
     return repr(c)
 
 
+def point_cost_text(p: SweepPoint) -> str:
+    """A swept point's ``c`` as printed: its :attr:`~beacon.evaluation.SweepPoint.shown_cost`
+    (the ``c`` that replays to its numbers) by :func:`cost_text`."""
+    return cost_text(p.shown_cost)
+
+
 def choice_cost_text(res: TuneResult) -> str:
-    """The recommended ``c`` as printed: a swept point's with 4 significant digits, as the
-    sweep table prints it; a budget's bisected ``c`` by :func:`cost_text`."""
+    """The recommended ``c`` as printed, as the sweep table prints it: a swept point's by
+    :func:`point_cost_text`, a budget's bisected ``c`` by :func:`cost_text`."""
     ch = res.choice
     if res.choice_is_swept:
-        return f"{ch.cost:.4g}"
+        return point_cost_text(next(p for p in res.points if p.metrics is ch.metrics))
     return cost_text(ch.cost)
 
 
@@ -195,7 +204,7 @@ def verdict(res: TuneResult) -> tuple[bool, str]:
                         key=lambda pm: pm[1].diff)
         text += (
             f"; the sweep's best difference is {_pm_se(bmd, scale)} at c = "
-            f"{best.cost:.4g} ({best.metrics.avg_samples:.2f} samples; the largest of the "
+            f"{point_cost_text(best)} ({best.metrics.avg_samples:.2f} samples; the largest of the "
             "sweep's differences, so an optimistic one)."
         )
     else:
@@ -337,7 +346,8 @@ def plot_tune(
             ax,
             bkx,
             bky,
-            f"its knee: c={bk.cost:.3g}, {bkx:.2f} samples, {_fq(baseline, bgain, True)} vs "
+            f"its knee: c={point_cost_text(bk)}, {bkx:.2f} samples, "
+            f"{_fq(baseline, bgain, True)} vs "
             "best-of-N",
             marker="o",
             ms=9,
@@ -367,7 +377,8 @@ def plot_tune(
         ax,
         kx,
         ky,
-        f"recommended knee: c={knee.cost:.3g}, {kx:.2f} samples, {_fq(res, ky - fyk, True)}"
+        f"recommended knee: c={point_cost_text(knee)}, {kx:.2f} samples, "
+        f"{_fq(res, ky - fyk, True)}"
         + ("" if kse is None else f" ± {_fq(res, kse)} SE")
         + " vs best-of-N",
         marker="*",
@@ -520,11 +531,13 @@ def sweep_table(res: TuneResult) -> Table:
     t.add_column("SE", justify="right")
     t.add_column("diff/SE", justify="right")
     t.add_column("")
-    for cost, m, md, mark in rows:
+    # a row's c as the point it shows prints it: the c that replays to the row's numbers
+    shown = {id(p.metrics): point_cost_text(p) for p in res.points}
+    for _, m, md, mark in rows:
         k = m.avg_samples
         ratio = "-" if not md.se else f"{md.diff / md.se:+.2f}"
         t.add_row(
-            choice_cost_text(res) if m is res.choice.metrics else f"{cost:.4g}",
+            choice_cost_text(res) if m is res.choice.metrics else shown[id(m)],
             f"{k:.2f}",
             fmt(quality_of(m, q) / unit),
             fmt(interpolate_fixed(res.fixed, k, q) / unit),
@@ -924,10 +937,10 @@ def tune_command(
         notes += scale_note(data, baseline_cfg, "the Jeffreys comparison: ")
         warm_up(data, baseline_cfg)
     warm_up(data, cfg, cf)
-    # Two passes of `points` costs each for a default sweep (the baseline's included), one pass
-    # over --cost-min..--cost-max.
+    # Two passes of `points` costs each for a default sweep (the baseline's included); over
+    # --cost-min..--cost-max one replay per cost, then one checking the digits printed for it.
     base_total = 0 if baseline_cfg is None else 2 * points
-    total = points * (2 if costs is None else 1) + base_total
+    total = 2 * points + base_total
     baseline: TuneResult | None = None
     with progress_bar(f"sweeping c on {count_noun(data.n_prompts, 'prompt')}", total) as update:
         if baseline_cfg is not None:
