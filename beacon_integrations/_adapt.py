@@ -309,6 +309,7 @@ def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
     The sample's tokens are those of every LLM call the runnable made (:func:`_tapped`): a
     chain ending in a parser (``prompt | chat | StrOutputParser()``) has dropped the message
     and its ``usage_metadata``, and a chain of several LLM calls returns only the last one's.
+    A chat model wrapping another counts the inner call once (the tap's rule).
     Where no call reported usage to the callbacks, the output's own usage counts (a runnable
     returning a message or a :class:`beacon.Generation` with tokens); a ``Generation`` the
     runnable returns with tokens or a cost of its own is taken as it is.
@@ -409,6 +410,12 @@ def _tapped(config: Any, tap: Any) -> Any:
     return {**config, "callbacks": callbacks}
 
 
+# The innermost LLM run in progress in this execution context (a thread, or an asyncio task:
+# LangChain copies the context into the tasks and threads it starts), set by the LangChain
+# tap's start callbacks: an LLM run starting under it was called from inside it.
+_LC_OPEN_LLM: ContextVar[Any] = ContextVar("beacon_lc_open_llm", default=None)
+
+
 @functools.cache
 def _usage_tap_type() -> type[Any]:
     """The class of :func:`_usage_tap` (built at the first use: LangChain is imported only
@@ -423,26 +430,115 @@ def _usage_tap_type() -> type[Any]:
         name (which that handler needs, and not every chat model gives) and with the
         prompt-cache split (``input_token_details``: ``cache_read``, ``cache_creation``,
         ``ephemeral_1h_input_tokens``) read as the engine reads a message's
-        (:func:`beacon.engine.protocol._usage_counts`)."""
+        (:func:`beacon.engine.protocol._usage_counts`).
+
+        Each provider call counts once. A chat model wrapping another (a router, a fallback
+        or retry wrapper written as a chat model) makes two LLM runs for one provider call:
+        the inner one, which spent the tokens, and its own, which reports the inner's usage
+        again (or nothing, or a total of several inner calls). So an LLM run's usage counts
+        only when no LLM run nested in it has counted: the innermost calls are where tokens
+        were spent, and a wrapper adding its own figure would count them twice. A run with
+        nothing counted beneath it (a plain model, or a wrapper whose inner calls report
+        nothing) counts its own. A failed call's usage (a stream cut after its usage arrived)
+        counts the same way: it was paid.
+
+        "Nested" is read two ways, as a wrapper can call its inner model two ways: a run
+        whose ``parent_run_id`` chain (through any chains, tools or retrievers between, all
+        tracked from their start events) leads to the LLM run, and a run started while the
+        LLM run was in progress in the same execution context (:data:`_LC_OPEN_LLM`): a
+        wrapper calling ``inner.invoke(messages)`` with no config gives the inner run the
+        caller's parent, not its own, as an LLM run manager has no child manager. An LLM
+        call that starts several runs at once (``batch_size`` > 1: ``generate`` over several
+        inputs) encloses nothing that way, as those runs cannot be told apart.
+
+        Safe with concurrent runs (a batch of judge calls under one tap): each run writes
+        its own keys, a nested run ends before the run around it, and the sums are locked.
+        """
 
         # on the caller's thread: an async run would otherwise hand each event to a thread
-        # pool and wait for it
+        # pool and wait for it (and the context of its start would not be the caller's)
         run_inline = True
 
         def __init__(self) -> None:
             super().__init__()
             self.tokens = _TokenSums()
             self.messages: list[Any] = []  # the messages of the calls seen (kept: ids unique)
+            self._parents: dict[Any, Any] = {}  # run id -> parent run id, every run seen
+            self._within: dict[Any, Any] = {}  # LLM run id -> the LLM run it started inside
+            self._restore: dict[Any, Any] = {}  # LLM run in progress -> _LC_OPEN_LLM before it
+            self._covered: set[Any] = set()  # runs with a counted LLM run beneath them
 
-        # only LLM ends matter: the other events skip this handler cheaply
-        ignore_chain = ignore_chat_model = ignore_retriever = True
-        ignore_agent = ignore_retry = ignore_custom_event = True
+        # the run tree needs the chain, tool (ignore_agent) and retriever start events: only
+        # the retry and custom events skip this handler
+        ignore_retry = ignore_custom_event = True
 
-        def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+        # the start events (run_id and parent_run_id come as keyword arguments)
+        def on_chain_start(self, serialized: Any, inputs: Any, **kwargs: Any) -> None:
+            self._parents[kwargs["run_id"]] = kwargs.get("parent_run_id")
+
+        def on_tool_start(self, serialized: Any, input_str: Any, **kwargs: Any) -> None:
+            self._parents[kwargs["run_id"]] = kwargs.get("parent_run_id")
+
+        def on_retriever_start(self, serialized: Any, query: Any, **kwargs: Any) -> None:
+            self._parents[kwargs["run_id"]] = kwargs.get("parent_run_id")
+
+        def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+            # defined so that LangChain does not fall back to on_llm_start, with the
+            # messages rendered as text for it
+            self._llm_started(kwargs)
+
+        def on_llm_start(self, serialized: Any, prompts: Any, **kwargs: Any) -> None:
+            self._llm_started(kwargs)
+
+        def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
             counts, message = _llm_result_counts(response)
             if message is not None:
                 self.messages.append(message)
+            self._llm_done(run_id)
+            self._spend(run_id, counts)
+
+        def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
+            response = kwargs.get("response")
+            self._llm_done(run_id)
+            if response is not None:  # what a failed stream had received: usage, if any
+                self._spend(run_id, _llm_result_counts(response)[0])
+
+        def _llm_started(self, event: Mapping[str, Any]) -> None:
+            """Record an LLM run from its start event: its parent, and (one run at a time)
+            the LLM run of this call in progress here, if any, then itself as the one in
+            progress here."""
+            run_id = event["run_id"]
+            self._parents[run_id] = event.get("parent_run_id")
+            if event.get("batch_size", 1) != 1:
+                return
+            outer = _LC_OPEN_LLM.get()
+            if outer is not None and outer in self._restore:
+                self._within[run_id] = outer
+            self._restore[run_id] = outer
+            _LC_OPEN_LLM.set(run_id)
+
+        def _llm_done(self, run_id: Any) -> None:
+            """Put back the LLM run in progress before ``run_id`` started (where its start
+            set it and nothing later has replaced it)."""
+            if run_id in self._restore:
+                outer = self._restore.pop(run_id)
+                if _LC_OPEN_LLM.get() == run_id:
+                    _LC_OPEN_LLM.set(outer)
+
+        def _spend(self, run_id: Any, counts: _Counts) -> None:
+            """Count one LLM run's usage unless a run nested in it has counted, and mark the
+            runs it is nested in as covered (see the class docstring)."""
+            if (counts[0] is None and counts[1] is None) or run_id in self._covered:
+                return
             self.tokens.add(counts)
+            parents, within, covered = self._parents, self._within, self._covered
+            todo = [parents.get(run_id), within.get(run_id)]
+            while todo:
+                run = todo.pop()
+                # a covered run's own ancestors were covered with it
+                if run is not None and run not in covered:
+                    covered.add(run)
+                    todo += (parents.get(run), within.get(run))
 
         def counts(self) -> _Counts | None:
             """The tokens of the calls seen (:meth:`_TokenSums.counts`)."""
