@@ -143,7 +143,8 @@ def _status_of(exc: BaseException) -> int | None:
     3. a gRPC status mapped to its HTTP status: ``exc.grpc_status_code`` (google-api-core: a
        ``grpc.StatusCode``, or its number), then ``exc.status`` when it is a gRPC name (the
        string google-genai's ``APIError`` carries, e.g. ``"RESOURCE_EXHAUSTED"``); any other
-       string is neither read as a number nor an error.
+       string is neither read as a number nor an error; last, grpcio's own ``RpcError``
+       by its ``code()`` (:func:`_raw_grpc_status`).
 
     ``code`` is read without running a property (:func:`inspect.getattr_static`): websockets'
     ``ConnectionClosed.code`` is a deprecated property that warns on every read.
@@ -169,7 +170,28 @@ def _status_of(exc: BaseException) -> int | None:
     status = _grpc_http_status(getattr(exc, "grpc_status_code", None), numeric=True)
     if status is not None:
         return status
-    return _grpc_http_status(getattr(exc, "status", None), numeric=False)
+    status = _grpc_http_status(getattr(exc, "status", None), numeric=False)
+    if status is not None:
+        return status
+    return _raw_grpc_status(exc)
+
+
+def _raw_grpc_status(exc: BaseException) -> int | None:
+    """The HTTP status of grpcio's own ``RpcError`` (``grpc.aio.AioRpcError``, or a
+    synchronous call's error, which is also a ``grpc.Call``), whose status is the value of its
+    ``code()`` method (a ``grpc.StatusCode``): a model or reward server called over gRPC
+    directly. Only for exceptions of (or derived from) the ``grpc`` package's classes, whose
+    ``code()`` returns a stored value; another library's ``code`` method is never called."""
+    if not any(c.__module__.partition(".")[0] == "grpc" for c in type(exc).__mro__):
+        return None
+    code = getattr(exc, "code", None)
+    if not callable(code):
+        return None
+    try:
+        value = code()
+    except Exception:  # a bare RpcError (not a Call) may not implement it
+        return None
+    return _grpc_http_status(value, numeric=False)
 
 
 def parse_retry_after(value: Any) -> float | None:
@@ -296,6 +318,10 @@ _TRANSIENT_CLIENT_ERRORS = frozenset(
         ("httpx2", "TimeoutException"),
         ("httpx2", "NetworkError"),
         ("httpx2", "RemoteProtocolError"),
+        # botocore (boto3, Bedrock): the endpoint could not be reached or dropped the
+        # connection; its timeouts are OSErrors already
+        ("botocore", "EndpointConnectionError"),
+        ("botocore", "ConnectionClosedError"),
     }
 )
 
@@ -310,7 +336,8 @@ def _is_transient_client_error(exc: BaseException) -> bool:
 def is_retryable(exc: BaseException) -> bool:
     """Default classification of a failed call.
 
-    In order: an explicit boolean ``exc.retryable`` attribute wins; an HTTP status
+    In order: an explicit boolean ``exc.retryable`` attribute wins (``False`` except on the
+    SDK network failures listed below, which it cannot make permanent); an HTTP status
     (:func:`_status_of`: ``status``, ``status_code``, ``http_status``, ``code``, then
     ``response.status_code``, then a gRPC status such as Google SDKs' ``RESOURCE_EXHAUSTED``
     mapped to its HTTP one) is retryable iff 408, 425, 429 or 5xx other than 501 (Not
@@ -320,11 +347,14 @@ def is_retryable(exc: BaseException) -> bool:
     that are none of those: aiohttp client errors (connection resets, server disconnects),
     httpx's (and its fork httpx2's) timeouts, network errors and ``RemoteProtocolError``, the
     OpenAI and Anthropic SDKs' ``APIConnectionError`` (``APITimeoutError`` included),
-    google-genai's ``APIConnectionError`` and google-auth's ``TransportError``. Everything
-    else (``ValueError``, ``TypeError``, ...) is not.
+    google-genai's ``APIConnectionError``, google-auth's ``TransportError`` and botocore's
+    ``EndpointConnectionError`` / ``ConnectionClosedError``. Everything else (``ValueError``,
+    ``TypeError``, ...) is not.
     """
     flag = getattr(exc, "retryable", None)
-    if isinstance(flag, bool):
+    # a False flag does not veto a known transient failure: google-auth's TransportError has
+    # a retryable property that is False unless its raiser says otherwise, and none does
+    if isinstance(flag, bool) and (flag or not _is_transient_client_error(exc)):
         return flag
     status = _status_of(exc)
     if status is not None:

@@ -4,6 +4,7 @@ server on 127.0.0.1 (random port), through the engine's Usage and Budget."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import beacon
 from beacon.engine import BeaconSampler
 from beacon.engine.calls import SPEND_ATTR
 from beacon.retry import RetryPolicy
-from beacon_integrations.scorers import HttpRewardScorer, RewardResponseError
+from beacon_integrations.scorers import HttpRewardScorer, RewardResponseError, UsageWarning
 
 
 class Server:
@@ -240,7 +241,9 @@ async def test_malformed_usage_is_an_error_naming_the_field(
     server: Server, usage: Any, field: str, value: Any
 ) -> None:
     server.usage = usage
-    async with HttpRewardScorer.openai_compatible(server.url + "/v1", "rm", api_key_env=None) as s:
+    async with HttpRewardScorer.openai_compatible(
+        server.url + "/v1", "rm", api_key_env=None, usage="usage"
+    ) as s:
         with pytest.raises(RewardResponseError) as ei:
             await s("q", "abc")
         assert ei.value.path == field and ei.value.value == value
@@ -402,3 +405,35 @@ async def test_usage_path_into_a_scalar_is_an_error(server: Server) -> None:
         with pytest.raises(RewardResponseError) as ei:
             await s("q", "t")
     assert ei.value.path == "meta.usage"
+
+
+@pytest.mark.parametrize(("usage", "field", "value"), BAD_USAGE)
+async def test_malformed_usage_read_by_default_warns_once_and_counts_nothing(
+    server: Server, usage: Any, field: str, value: Any
+) -> None:
+    # openai_compatible reads usage unasked: a server's partial block must not fail samples
+    server.usage = usage
+    async with HttpRewardScorer.openai_compatible(server.url + "/v1", "rm", api_key_env=None) as s:
+        with pytest.warns(UsageWarning, match=repr(field)):
+            assert await s("q", "abc") == 3.0
+        cfg = beacon.BeaconConfig(cost=0.5, horizon=4, max_failures=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per scorer: no second warning
+            res = await BeaconSampler(lambda p: "abc", s, cfg).arun("q")
+    assert res.error is None and res.n_failed == 0 and res.n_samples >= 1
+    assert not res.usage.score_input_tokens and not res.usage.score_output_tokens
+
+
+async def test_score_and_score_batch_do_not_read_usage(server: Server) -> None:
+    # they return the rewards alone: an explicitly strict usage cannot fail them
+    server.usage = {"prompt_tokens": 7}
+    async with HttpRewardScorer.openai_compatible(
+        server.url + "/v1", "rm", api_key_env=None, usage="usage"
+    ) as s:
+        assert await s.score("q", "abcd") == 4.0
+        assert await s.score_batch("q", ["ab", "abcde"]) == [2.0, 5.0]
+
+
+def test_an_empty_usage_path_is_refused() -> None:
+    with pytest.raises(beacon.ConfigError, match="usage"):
+        HttpRewardScorer("http://127.0.0.1:1/score", usage="")

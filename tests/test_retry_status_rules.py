@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import pytest
@@ -64,3 +65,105 @@ def test_transient_statuses_stay_retried(status: int) -> None:
     assert retryable_status(status) is True
     assert is_retryable(Status(status)) is True
     assert RewardHTTPError(status, "http://127.0.0.1:1/score").retryable is True
+
+
+# -- review findings: google-auth's retryable flag, raw grpcio errors, botocore connections ---
+class GoogleAuthError(Exception):
+    """The shape of ``google.auth.exceptions.GoogleAuthError``: a ``retryable`` property that
+    is False unless the raiser passed ``retryable=True`` (no TransportError raiser does)."""
+
+    __module__ = "google.auth.exceptions"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args)
+        self._retryable = kwargs.get("retryable", False)
+
+    @property
+    def retryable(self) -> bool:
+        return bool(self._retryable)
+
+
+class TransportError(GoogleAuthError):
+    """``google.auth.exceptions.TransportError``: the network failed (refreshing a token)."""
+
+    __module__ = "google.auth.exceptions"
+
+
+class RefreshError(GoogleAuthError):
+    """``google.auth.exceptions.RefreshError``: bad credentials, permanent unless flagged."""
+
+    __module__ = "google.auth.exceptions"
+
+
+def test_google_auth_transport_error_is_retried_despite_its_default_flag() -> None:
+    assert TransportError("connection reset").retryable is False
+    assert is_retryable(TransportError("connection reset")) is True
+    # the flag still decides for what is not a known network failure
+    assert is_retryable(RefreshError("invalid_grant")) is False
+    assert is_retryable(RefreshError("temporarily unavailable", retryable=True)) is True
+
+
+class StatusCode(enum.Enum):
+    """``grpc.StatusCode`` (value: (number, name))."""
+
+    OK = (0, "ok")
+    INVALID_ARGUMENT = (3, "invalid argument")
+    DEADLINE_EXCEEDED = (4, "deadline exceeded")
+    RESOURCE_EXHAUSTED = (8, "resource exhausted")
+    UNAVAILABLE = (14, "unavailable")
+
+
+class RpcError(Exception):
+    """``grpc.RpcError``: the base of grpcio's call errors."""
+
+    __module__ = "grpc"
+
+
+class AioRpcError(RpcError):
+    """``grpc.aio.AioRpcError``: the status is the value of its ``code()`` method."""
+
+    __module__ = "grpc.aio._call"
+
+    def __init__(self, code: StatusCode) -> None:
+        super().__init__(code.name)
+        self._code = code
+
+    def code(self) -> StatusCode:
+        return self._code
+
+
+@pytest.mark.parametrize(("code", "retry"), [
+    (StatusCode.UNAVAILABLE, True),
+    (StatusCode.RESOURCE_EXHAUSTED, True),
+    (StatusCode.DEADLINE_EXCEEDED, True),
+    (StatusCode.INVALID_ARGUMENT, False),
+])
+def test_a_raw_grpc_error_is_classified_by_its_code_method(code: StatusCode, retry: bool) -> None:
+    assert is_retryable(AioRpcError(code)) is retry
+
+
+def test_a_bare_rpc_error_and_foreign_code_methods_are_not_called() -> None:
+    assert is_retryable(RpcError("no status")) is False
+    calls: list[int] = []
+
+    class Foreign(Exception):
+        def code(self) -> str:
+            calls.append(1)
+            return "UNAVAILABLE"
+
+    assert is_retryable(Foreign("x")) is False and calls == []
+
+
+def _boto_class(name: str) -> type[Exception]:
+    base = type("BotoCoreError", (Exception,), {"__module__": "botocore.exceptions"})
+    conn = type("ConnectionError", (base,), {"__module__": "botocore.exceptions"})
+    return type(name, (conn,), {"__module__": "botocore.exceptions"})
+
+
+@pytest.mark.parametrize("name", ["EndpointConnectionError", "ConnectionClosedError"])
+def test_botocore_connection_failures_are_retried(name: str) -> None:
+    assert is_retryable(_boto_class(name)("Could not connect to the endpoint URL")) is True
+
+
+def test_other_botocore_errors_are_not() -> None:
+    assert is_retryable(_boto_class("NoCredentialsError")("Unable to locate credentials")) is False

@@ -17,7 +17,7 @@ from beacon_integrations.scorers.errors import (
     RewardTimeoutError,
     ScorerError,
 )
-from beacon_integrations.scorers.http import HttpRewardScorer, extract_path
+from beacon_integrations.scorers.http import HttpRewardScorer, UsageWarning, extract_path
 from beacon_integrations.scorers.verify import (
     CorrectnessAdjusted,
     MathAnswerVerifier,
@@ -35,6 +35,7 @@ __all__ = [
     "RewardResponseError",
     "RewardTimeoutError",
     "ScorerError",
+    "UsageWarning",
     "adjust_reward",
     "extract_path",
     "last_boxed",

@@ -48,6 +48,7 @@ import math
 import os
 import re
 import threading
+import warnings
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -70,7 +71,7 @@ from beacon_integrations.scorers.errors import (
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["HttpRewardScorer", "extract_path"]
+__all__ = ["HttpRewardScorer", "UsageWarning", "extract_path"]
 
 
 _T = TypeVar("_T")
@@ -447,6 +448,8 @@ def _check_usage(usage: Any) -> None:
             "must be a dotted path to the answer's usage object, a callable json -> usage "
             "mapping / beacon.Score / None, or None",
         )
+    if not usage:
+        raise ConfigError("usage", usage, "must name the answer's usage object, e.g. 'usage'")
     if "*" in usage.split("."):
         raise ConfigError("usage", usage, "cannot map over a list ('*'): a call bills once")
 
@@ -458,6 +461,40 @@ def _charge(exc: BaseException, spend: Score) -> None:
     if getattr(exc, SPEND_ATTR, None) is None:
         with contextlib.suppress(AttributeError, TypeError):  # an exception without __dict__
             setattr(exc, SPEND_ATTR, spend)
+
+
+class UsageWarning(UserWarning):
+    """An endpoint's ``usage`` object could not be read, so its spend is not counted."""
+
+
+class _LenientUsage:
+    """:meth:`HttpRewardScorer.openai_compatible`'s default ``usage``: the answer's usage
+    object at ``path``, read as ``usage=path`` reads it, except that a malformed one (a server
+    sending a partial block, e.g. no ``completion_tokens``) reports no spend, with one
+    :class:`UsageWarning` per scorer, instead of failing every sample of a user who asked for
+    no usage at all."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.warned = False
+
+    def __call__(self, doc: Any) -> Score | None:
+        try:
+            found = _find_usage(doc, self.path)
+            return None if found is _ABSENT else _usage_spend(found, self.path)
+        except RewardResponseError as exc:
+            if not self.warned:
+                self.warned = True
+                warnings.warn(
+                    f"the reward endpoint's usage is not counted: {exc} (pass usage='usage' to "
+                    "make this an error, or usage=None to not read it)",
+                    UsageWarning,
+                    stacklevel=2,
+                )
+            return None
+
+
+_OPENAI_USAGE: Any = object()  # openai_compatible's default: _LenientUsage("usage")
 
 
 class HttpRewardScorer:
@@ -632,7 +669,7 @@ class HttpRewardScorer:
         *,
         api_key_env: str | None = "OPENAI_API_KEY",
         score_path: str | Callable[[Any], Any] | None = None,
-        usage: str | Callable[[Any], Any] | None = "usage",
+        usage: str | Callable[[Any], Any] | None = _OPENAI_USAGE,
         **kwargs: Any,
     ) -> HttpRewardScorer:
         """A reward model served through an OpenAI-compatible chat-completions API.
@@ -647,8 +684,13 @@ class HttpRewardScorer:
         ``prompt_tokens_details.cached_tokens``) is read by default: the scorer returns a
         :class:`beacon.Score` with those tokens, which the engine counts as the scorer's and
         prices by the budget's per-token prices (see the class's "Spend"); an answer without
-        ``usage`` gives the bare reward. ``usage=None`` turns this off.
+        ``usage`` gives the bare reward. ``usage=None`` turns this off. Read by default, a
+        ``usage`` object that is malformed (a count missing or not an integer >= 0: some
+        servers send a partial one) reports no spend and warns once (:class:`UsageWarning`)
+        instead of failing the sample; ``usage="usage"`` given explicitly makes it an error.
         """
+        if usage is _OPENAI_USAGE:
+            usage = _LenientUsage("usage")
         return cls(
             base_url.rstrip("/") + "/chat/completions",
             request_template={"model": model, "messages": "{messages}"},
@@ -723,7 +765,7 @@ class HttpRewardScorer:
 
     async def score(self, prompt: Any, response: str) -> float:
         """Score one response (one request, whatever the mode); the reward alone."""
-        return (await self._single(prompt, response))[0]
+        return (await self._single(prompt, response, spend=False))[0]
 
     async def score_batch(self, prompt: Any, responses: list[str]) -> list[float]:
         """Score many responses: one request in batched mode, else concurrent single requests.
@@ -740,18 +782,20 @@ class HttpRewardScorer:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-        return _strict((await self._batch(prompt, responses))[0])
+        return _strict((await self._batch(prompt, responses, spend=False))[0])
 
-    async def _single(self, prompt: Any, response: str) -> tuple[float, Score | None]:
+    async def _single(
+        self, prompt: Any, response: str, spend: bool = True
+    ) -> tuple[float, Score | None]:
         """One request for one response: its reward and the call's spend (``None``: none
-        reported)."""
+        reported, or ``spend`` False: not read)."""
         values = {"prompt": prompt, "response": response, "messages": _messages(prompt, response)}
         body = _render(self.request_template, values) if not self.batched else _render(
             self.request_template,
             {**values, "responses": [response], "prompts": [prompt]},
         )
         doc = await self._post(_encode(body, values))
-        return self._parse(doc, self._one_reward)
+        return self._parse(doc, self._one_reward, spend)
 
     def _one_reward(self, doc: Any) -> float:
         out = self._extract(doc)
@@ -760,10 +804,10 @@ class HttpRewardScorer:
         return _as_score(out, self._path_name())
 
     async def _batch(
-        self, prompt: Any, responses: list[str]
+        self, prompt: Any, responses: list[str], spend: bool = True
     ) -> tuple[list[float | RewardResponseError], Score | None]:
         """One request for all ``responses``: their scores (an invalid one left as its error)
-        and the call's spend."""
+        and the call's spend (not read when ``spend`` is False)."""
         if not responses:
             return [], None
         values = {"prompt": prompt, "responses": list(responses)}
@@ -772,22 +816,25 @@ class HttpRewardScorer:
         )
         doc = await self._post(_encode(body, values))
         n = len(responses)
-        return self._parse(doc, lambda d: self._as_list(self._extract(d), n))
+        return self._parse(doc, lambda d: self._as_list(self._extract(d), n), spend)
 
-    def _parse(self, doc: Any, read: Callable[[Any], _T]) -> tuple[_T, Score | None]:
+    def _parse(
+        self, doc: Any, read: Callable[[Any], _T], spend: bool = True
+    ) -> tuple[_T, Score | None]:
         """``read(doc)`` (the reward or rewards) and the spend ``doc`` reports.
 
         The spend is read first, so that a reward that cannot be read still has it: it goes on
-        that error (:func:`_charge`). With no ``usage`` set this is ``read(doc)`` alone."""
-        if self.usage is None:
+        that error (:func:`_charge`). With no ``usage`` set, or ``spend`` False (:meth:`score`
+        and :meth:`score_batch` return the rewards alone), this is ``read(doc)`` alone."""
+        if self.usage is None or not spend:
             return read(doc), None
-        spend = self._spend(doc)
-        if spend is None:
+        found = self._spend(doc)
+        if found is None:
             return read(doc), None
         try:
-            return read(doc), spend
+            return read(doc), found
         except Exception as exc:
-            _charge(exc, spend)
+            _charge(exc, found)
             raise
 
     def _spend(self, doc: Any) -> Score | None:
