@@ -691,7 +691,8 @@ def deploy_lines(
             fit = fit_reward_model(data.for_family(fam).rewards, fam, transform=parse_transform(tr))
         else:
             fit = fit_reward_model(data.for_family(fam).rewards, fam, transform=tr)
-    model_cost = res.choice.cost * fit.within_scale
+    # from the c printed beside it, so that the line's arithmetic is what it shows
+    model_cost = float(choice_cost_text(res)) * fit.within_scale
     # replay --prior fit defaults to gaussianize for the normal family (fit-prior to none):
     # the re-check must name a tuned "none", or it replays another variant
     cli_opts = opts + (" --transform none" if fam == "normal" and cf.transform == "none" else "")
