@@ -449,7 +449,9 @@ def _usage_tap_type() -> type[Any]:
         wrapper calling ``inner.invoke(messages)`` with no config gives the inner run the
         caller's parent, not its own, as an LLM run manager has no child manager. An LLM
         call that starts several runs at once (``batch_size`` > 1: ``generate`` over several
-        inputs) encloses nothing that way, as those runs cannot be told apart.
+        inputs) encloses nothing that way, as those runs cannot be told apart; nor does a
+        run once it has streamed a token to its consumer (a model the consumer calls between
+        chunks is not the stream's inner call).
 
         Safe with concurrent runs (a batch of judge calls under one tap): each run writes
         its own keys, a nested run ends before the run around it, and the sums are locked.
@@ -465,7 +467,9 @@ def _usage_tap_type() -> type[Any]:
             self.messages: list[Any] = []  # the messages of the calls seen (kept: ids unique)
             self._parents: dict[Any, Any] = {}  # run id -> parent run id, every run seen
             self._within: dict[Any, Any] = {}  # LLM run id -> the LLM run it started inside
-            self._restore: dict[Any, Any] = {}  # LLM run in progress -> _LC_OPEN_LLM before it
+            # LLM run -> the LLM run in progress here when it started (kept after it ends)
+            self._before: dict[Any, Any] = {}
+            self._open: set[Any] = set()  # LLM runs that may still call an inner model
             self._covered: set[Any] = set()  # runs with a counted LLM run beneath them
 
         # the run tree needs the chain, tool (ignore_agent) and retriever start events: only
@@ -503,27 +507,41 @@ def _usage_tap_type() -> type[Any]:
             if response is not None:  # what a failed stream had received: usage, if any
                 self._spend(run_id, _llm_result_counts(response)[0])
 
+        def on_llm_new_token(self, token: Any, *, run_id: Any, **kwargs: Any) -> None:
+            # a run that has handed a token to its consumer is a stream being read, not a
+            # wrapper still making its inner call: a model the consumer calls between chunks
+            # (a guard, a translator) is not nested in it
+            self._open.discard(run_id)
+
         def _llm_started(self, event: Mapping[str, Any]) -> None:
             """Record an LLM run from its start event: its parent, and (one run at a time)
-            the LLM run of this call in progress here, if any, then itself as the one in
-            progress here."""
+            the open LLM run of this call in progress here, if any, then itself as the one in
+            progress here.
+
+            The context may still name a run that has ended: LangChain's async chat models
+            send ``on_llm_end`` from a gathered task, whose context is a copy, so the end
+            cannot put the context back. Such a run is passed over for the run that was in
+            progress when it started (kept in ``_before``)."""
             run_id = event["run_id"]
             self._parents[run_id] = event.get("parent_run_id")
             if event.get("batch_size", 1) != 1:
                 return
             outer = _LC_OPEN_LLM.get()
-            if outer is not None and outer in self._restore:
+            before, open_runs = self._before, self._open
+            while outer is not None and outer not in open_runs and outer in before:
+                outer = before[outer]
+            if outer is not None and outer in open_runs:
                 self._within[run_id] = outer
-            self._restore[run_id] = outer
+            before[run_id] = outer
+            open_runs.add(run_id)
             _LC_OPEN_LLM.set(run_id)
 
         def _llm_done(self, run_id: Any) -> None:
-            """Put back the LLM run in progress before ``run_id`` started (where its start
-            set it and nothing later has replaced it)."""
-            if run_id in self._restore:
-                outer = self._restore.pop(run_id)
-                if _LC_OPEN_LLM.get() == run_id:
-                    _LC_OPEN_LLM.set(outer)
+            """Close ``run_id``, and put back the LLM run in progress before it started where
+            its start set it and nothing later has replaced it (a synchronous end)."""
+            self._open.discard(run_id)
+            if _LC_OPEN_LLM.get() == run_id:
+                _LC_OPEN_LLM.set(self._before.get(run_id))
 
         def _spend(self, run_id: Any, counts: _Counts) -> None:
             """Count one LLM run's usage unless a run nested in it has counted, and mark the
