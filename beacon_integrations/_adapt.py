@@ -878,24 +878,31 @@ def _li_counts(resp: Any) -> _Counts:
     """``(input, output, cache_read, cache_write, cache_write_1h)`` tokens a LlamaIndex
     ``CompletionResponse`` / ``ChatResponse`` reports (``None``: not reported).
 
-    LlamaIndex's LLM integrations (OpenAI, Ollama, the OpenAI-like ones...) put the counts in
-    ``additional_kwargs`` as ``prompt_tokens`` / ``completion_tokens``; others leave them in
-    the provider's own response, ``raw`` (an SDK object or a dict) under ``usage``, read as
-    the engine reads a provider's usage (:func:`beacon.engine.protocol._usage_counts`): an
-    Anthropic usage's prompt-cache tokens count as input and are kept apart for their prices
-    (its 1-hour cache writes too); a split that does not fit in the total is dropped.
-    Without them a :class:`beacon.Budget` token or money cap could not bound the query.
+    The provider's own response, ``raw`` (an SDK object or a dict), is read first: its
+    ``usage``, read as the engine reads a provider's usage
+    (:func:`beacon.engine.protocol._usage_counts`), holds the prompt-cache split (an
+    Anthropic usage's cache reads and writes, which count as input, its 1-hour writes too;
+    an OpenAI usage's ``prompt_tokens_details.cached_tokens``), kept apart for their prices;
+    a split that does not fit in the total is dropped. Where ``raw`` reports no usage, the
+    counts LlamaIndex's integrations (Ollama's, the OpenAI-like ones') put in
+    ``additional_kwargs`` as ``prompt_tokens`` / ``completion_tokens``. LlamaIndex's OpenAI
+    LLM puts the totals in both; reading ``additional_kwargs`` first would lose the cached
+    part and price it as uncached input. Without them a :class:`beacon.Budget` token or
+    money cap could not bound the query.
     """
+    raw = getattr(resp, "raw", None)
+    usage = raw.get("usage") if isinstance(raw, Mapping) else getattr(raw, "usage", None)
+    # a view holding only ``usage``: a raw dict has no attribute to read, and another
+    # attribute of an SDK object (LangChain's usage_metadata) is not what LlamaIndex returned
+    counts = _consistent(_usage_counts(_UsageView(usage)))
+    if counts[0] is not None or counts[1] is not None:
+        return counts
     extra = getattr(resp, "additional_kwargs", None)
     if isinstance(extra, Mapping):
         it, ot = _kwargs_tokens(extra)
         if it is not None or ot is not None:
             return it, ot, None, None, None
-    raw = getattr(resp, "raw", None)
-    usage = raw.get("usage") if isinstance(raw, Mapping) else getattr(raw, "usage", None)
-    # a view holding only ``usage``: a raw dict has no attribute to read, and another
-    # attribute of an SDK object (LangChain's usage_metadata) is not what LlamaIndex returned
-    return _consistent(_usage_counts(_UsageView(usage)))
+    return counts
 
 
 @dataclass(frozen=True)

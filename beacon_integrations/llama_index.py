@@ -48,7 +48,7 @@ from beacon._sync import call_in_thread, run_sync
 from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine import BeaconSampler
-from beacon.errors import BeaconError, ConfigError
+from beacon.errors import BeaconError, ConfigError, ConfigTypeError
 from beacon.events import BeaconEvent, SampleEvent
 from beacon.result import BeaconResult
 from beacon.retry import RetryPolicy
@@ -326,6 +326,11 @@ class BeaconQueryEngine(BaseQueryEngine):
     ) -> None:
         if not isinstance(streaming, bool):
             raise ConfigError("streaming", streaming, "must be True or False")
+        # LlamaIndex stores any value and fails only at the first query (AttributeError)
+        if callback_manager is not None and not isinstance(callback_manager, CallbackManager):
+            raise ConfigTypeError(
+                "callback_manager", callback_manager, "must be a LlamaIndex CallbackManager or None"
+            )
         if (llm is None) == (query_engine is None):
             raise ConfigError(
                 "llm/query_engine", (llm, query_engine), "give exactly one of llm or query_engine"
@@ -514,7 +519,9 @@ class BeaconQueryTransform(BaseQueryTransform):
         self._mode = mode
         default = DEFAULT_HYDE_PROMPT if mode == "hyde" else DEFAULT_REWRITE_PROMPT
         self._prompt = _as_template("prompt", prompt, default, _TRANSFORM_VARS)
-        self._include_original = bool(include_original)
+        if not isinstance(include_original, bool):  # bool("no") would be True
+            raise ConfigError("include_original", include_original, "must be True or False")
+        self._include_original = include_original
         self._config = _check_config(config)
         self._sampler = _make_sampler(
             li_generate_llm(llm), scorer, self._config, max_concurrency, retry, timeout, budget
