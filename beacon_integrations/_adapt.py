@@ -319,7 +319,7 @@ def lc_generate(model: Any) -> Callable[[LCQuery], Awaitable[Generation]]:
         tap = _usage_tap()
         try:
             out = await model.ainvoke(query.model_input, config=_tapped(query.config, tap))
-        except Exception as exc:
+        except BaseException as exc:  # a timeout's cancellation too
             _attach_spend(exc, tap.counts())
             raise
         gen = _lc_generation(out)
@@ -370,7 +370,9 @@ class _TokenSums:
 def _attach_spend(exc: BaseException, counts: _Counts | None) -> None:
     """Put the tokens a failed call's LLM calls reported on its exception, as a spend-only
     :class:`beacon.Score` under ``SPEND_ATTR``: the engine counts them for that attempt, and
-    still retries it (a judge chain whose parser failed after its LLM answered was paid)."""
+    still retries it (a judge chain whose parser failed after its LLM answered was paid). Also
+    on the ``CancelledError`` of a call cut by its timeout: the engine carries it over to the
+    ``TimeoutError`` it raises (:func:`beacon.engine.calls.within`)."""
     if counts is None or getattr(exc, SPEND_ATTR, None) is not None:
         return
     it, ot, read, write, h1 = counts
@@ -688,7 +690,7 @@ class _LCScore:
             out = await self.runnable.ainvoke(
                 {"prompt": query.text, key: value}, config=_tapped(query.config, tap)
             )
-        except Exception as exc:
+        except BaseException as exc:  # a timeout's cancellation too
             _attach_spend(exc, tap.counts())
             raise
         counts = tap.unseen_added(out)
@@ -976,7 +978,7 @@ async def _li_tapped(call: Callable[[], Awaitable[Any]]) -> tuple[Any, _Counts |
     token = _LI_TAP.set(tap)
     try:
         out = await call()
-    except Exception as exc:
+    except BaseException as exc:  # a timeout's cancellation too
         _attach_spend(exc, tap.counts())
         raise
     finally:

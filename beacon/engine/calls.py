@@ -12,6 +12,7 @@ to the running loop, so that one limiter serves successive ``run()`` calls (one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import random
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 log = logging.getLogger(__name__)
 
 
@@ -202,7 +204,9 @@ async def within(timeout: float | None, aw: Awaitable[T], what: str) -> T:
     except TimeoutError as exc:
         if not cm.expired():  # the callee's own TimeoutError: keep it as it is
             raise
-        raise TimeoutError(f"{what} call timed out after {timeout:g} s") from exc
+        raise _carry_spend(
+            TimeoutError(f"{what} call timed out after {timeout:g} s"), exc
+        ) from exc
 
 
 #: Seconds a cancelled call (or sample) is given to stop before it is abandoned still running.
@@ -278,20 +282,39 @@ async def _own_cancel_is_error(
         if task is not None and task.cancelling() > 0:
             raise  # our task is being cancelled (by the caller, or by the timeout)
         what = "model" if model else "scorer"
-        raise CallCancelledError(
-            f"the {what} call raised CancelledError without being cancelled"
+        raise _carry_spend(
+            CallCancelledError(f"the {what} call raised CancelledError without being cancelled"),
+            exc,
         ) from exc
     except Exception as exc:
         if task is not None and task.cancelling() > before:
             # The callee caught our cancellation and failed otherwise: the cancellation
             # stands (a failed sample instead would let a cancelled query go on).
-            raise asyncio.CancelledError() from exc
+            raise _carry_spend(asyncio.CancelledError(), exc) from exc
         raise
     if task is not None and task.cancelling() > before:
         # The callee swallowed our cancellation and returned: honour it now, or the caller's
         # cancelled query would go on drawing samples.
         raise asyncio.CancelledError()
     return out
+
+
+def _carry_spend(new: E, old: BaseException) -> E:
+    """``new``, raised in place of ``old`` (a timeout for the cancellation that cut the call),
+    with the spend found on ``old`` or the exceptions it was raised from (:data:`SPEND_ATTR`:
+    an adapter puts what the call's LLM calls had reported on the cancellation itself), so
+    that :func:`guarded_call` counts it."""
+    seen: set[int] = set()
+    cur: BaseException | None = old
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        spent = getattr(cur, SPEND_ATTR, None)
+        if spent is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(new, SPEND_ATTR, spent)
+            break
+        cur = cur.__cause__ or cur.__context__
+    return new
 
 
 def adopt_running_loop(limiter: Any) -> None:
