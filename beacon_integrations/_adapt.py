@@ -16,6 +16,7 @@ called with, and the framework context of this one query. ``BeaconResult.prompt`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -373,7 +374,13 @@ def _attach_spend(exc: BaseException, counts: _Counts | None) -> None:
     still retries it (a judge chain whose parser failed after its LLM answered was paid). Also
     on the ``CancelledError`` of a call cut by its timeout: the engine carries it over to the
     ``TimeoutError`` it raises (:func:`beacon.engine.calls.within`)."""
-    if counts is None or getattr(exc, SPEND_ATTR, None) is not None:
+    # First wins for an error (a scorer's own spend on it must survive), but a cancellation
+    # travels up through every nested BEACON adapter (a BeaconRunnable as another's model,
+    # its sample run inline), and each outer tap has seen all that an inner one saw and more
+    if counts is None or (
+        getattr(exc, SPEND_ATTR, None) is not None
+        and not isinstance(exc, asyncio.CancelledError)
+    ):
         return
     it, ot, read, write, h1 = counts
     with contextlib.suppress(AttributeError, TypeError):  # an exception without a __dict__

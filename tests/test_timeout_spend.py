@@ -114,3 +114,57 @@ async def test_a_llamaindex_engine_timed_out_on_its_second_call_keeps_the_first(
     samples = res.usage.model_calls
     assert samples > 0 and res.usage.failed_calls == samples and llm.calls == 2 * samples
     assert res.usage.input_tokens == 100 * samples and res.usage.output_tokens == 10 * samples
+
+
+# -- review findings: nested BEACON, a query's deadline, a client swallowing its cancellation --
+async def test_nested_beacon_cut_by_the_outer_timeout_counts_all_the_inner_calls() -> None:
+    made = {"calls": 0}
+
+    async def stall_from_the_fourth(text: Any) -> str:
+        made["calls"] += 1
+        if made["calls"] >= 4:  # the inner query's 4th sample stalls after its LLM answered
+            await asyncio.sleep(10)
+        return str(text)
+
+    inner = BeaconRunnable(
+        model=_leaf() | RunnableLambda(stall_from_the_fourth), scorer=_length,
+        config=beacon.BeaconConfig(cost=0.0001, horizon=10, max_failures=10),
+        retry=RetryPolicy.none(),
+    )
+    outer = BeaconRunnable(
+        model=inner, scorer=_length, config=beacon.BeaconConfig(cost=0.5, horizon=4),
+        return_result=True, timeout=0.5, max_concurrency=1, retry=RetryPolicy.none(),
+    )
+    res = await outer.ainvoke("q")
+    assert res.usage.failed_calls >= 1 and made["calls"] >= 4
+    # every inner LLM call answered (the stalled step comes after it): all were paid
+    assert res.usage.input_tokens == INNER["input_tokens"] * made["calls"]
+
+
+async def test_a_sample_cut_by_the_querys_deadline_keeps_its_finished_llm_calls() -> None:
+    llm = SlowSecondCall()
+    eng = BeaconQueryEngine(
+        _length, CFG, query_engine=TwoSteps(llm=llm), budget=beacon.Budget(max_seconds=0.3),
+        retry=RetryPolicy.none(),
+    )
+    res = await eng.arun("q")
+    answered = (llm.calls + 1) // 2  # each sample's first call answers, its second stalls
+    assert res.stop_reason == "budget" and res.usage.cancelled > 0 and answered > 0
+    assert res.usage.input_tokens == 100 * answered and res.usage.output_tokens == 10 * answered
+
+
+async def test_a_late_answer_after_a_swallowed_timeout_is_counted() -> None:
+    async def model(prompt: Any) -> beacon.Generation:
+        try:
+            await asyncio.sleep(0.3)
+        except asyncio.CancelledError:  # an SDK retry loop that swallows the cancellation
+            await asyncio.sleep(0.02)
+        return beacon.Generation("late", input_tokens=100, output_tokens=5)
+
+    res = await BeaconSampler(
+        model, _length, beacon.BeaconConfig(cost=0.5, horizon=4, max_failures=0),
+        timeout=0.05, retry=RetryPolicy.none(),
+    ).arun("q")
+    calls = res.usage.model_calls
+    assert calls > 0 and res.usage.failed_calls == calls and res.n_samples == 0
+    assert res.usage.input_tokens == 100 * calls and res.usage.output_tokens == 5 * calls

@@ -108,6 +108,15 @@ async def guarded_call(
         started = [False]
         try:
             return await _attempt(guard, fn, args, usage, model, failed_before, started)
+        except asyncio.CancelledError as exc:
+            # cut by the query (its deadline, a stop, the caller): what the call's LLM calls
+            # had reported was spent (the adapters put it on the cancellation); the sample's
+            # usage, where it goes, is merged into the query's by whoever cancelled it
+            if started[0] and on_spend is not None:
+                spent = getattr(exc, SPEND_ATTR, None)
+                if spent is not None:
+                    on_spend(spent)
+            raise
         except Exception as exc:
             # Only a call that started is a failed call (and makes the next one a retry): an
             # error of the acquire hook or the rate limiter, before the call, is retried the
@@ -294,9 +303,30 @@ async def _own_cancel_is_error(
         raise
     if task is not None and task.cancelling() > before:
         # The callee swallowed our cancellation and returned: honour it now, or the caller's
-        # cancelled query would go on drawing samples.
-        raise asyncio.CancelledError()
+        # cancelled query would go on drawing samples. What its answer reports was spent.
+        raise _with_spend_of(asyncio.CancelledError(), out, model)
     return out
+
+
+def _with_spend_of(exc: E, out: Any, model: bool) -> E:
+    """``exc`` carrying (:data:`SPEND_ATTR`) the spend that a call's late answer ``out``
+    reports: a model's answer as the engine reads it (tokens, cost), a scorer's
+    :class:`beacon.Score`; nothing for an answer that reports none or cannot be read."""
+    from beacon.engine.protocol import Score, coerce_generation  # protocol imports this module
+
+    spent: Any = None
+    if model:
+        with contextlib.suppress(Exception):  # an unreadable answer: nothing to count
+            spent = coerce_generation(out)
+    elif isinstance(out, Score):
+        spent = out
+    if spent is not None and any(
+        getattr(spent, name, None) is not None
+        for name in ("input_tokens", "output_tokens", "cost")
+    ):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(exc, SPEND_ATTR, spent)
+    return exc
 
 
 def _carry_spend(new: E, old: BaseException) -> E:
