@@ -41,7 +41,7 @@ from beacon.engine.protocol import (
     coerce_generation,
     is_batched,
 )
-from beacon.errors import BeaconError, ConfigError, RewardError
+from beacon.errors import BeaconError, ConfigError, RewardError, _reduce
 from beacon.result import BeaconResult
 
 __all__ = [
@@ -73,6 +73,11 @@ class BeaconSamplingError(BeaconError, RuntimeError):
             f"no scored candidate: stop_reason={result.stop_reason!r}, "
             f"failed={result.n_failed}, error={result.error!r}"
         )
+
+    # Python rebuilds an exception as cls(*args), and args holds the message, not the result:
+    # without this one raised in a worker process (a multiprocessing pool, a Celery task)
+    # failed to unpickle in the caller, and copy.copy failed the same way.
+    __reduce__ = _reduce
 
 
 # -- rewards ----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import inspect
 import queue
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from langchain_core.callbacks import (
@@ -42,7 +42,7 @@ from langchain_core.callbacks import (
     CallbackManagerForToolRun,
     adispatch_custom_event,
 )
-from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models import BaseLanguageModel, LanguageModelInput
 from langchain_core.messages import AIMessage
 from langchain_core.prompts import BasePromptTemplate
 from langchain_core.rate_limiters import BaseRateLimiter
@@ -52,7 +52,7 @@ from langchain_core.runnables import (
     RunnableLambda,
     RunnableSerializable,
 )
-from langchain_core.runnables.base import coerce_to_runnable
+from langchain_core.runnables.base import RunnableBindingBase, coerce_to_runnable
 from langchain_core.runnables.config import patch_config
 from langchain_core.runnables.retry import RunnableRetry
 from langchain_core.runnables.utils import ConfigurableFieldSpec, get_unique_config_specs
@@ -67,7 +67,7 @@ from beacon.budget import Budget
 from beacon.config import BeaconConfig
 from beacon.engine import BeaconSampler
 from beacon.engine.protocol import is_batched, is_inline_sync
-from beacon.errors import ConfigError
+from beacon.errors import ConfigError, ConfigTypeError
 from beacon.events import BeaconEvent, SampleEvent
 from beacon.result import BeaconResult
 from beacon.retry import RetryPolicy
@@ -87,6 +87,13 @@ SAMPLE_EVENT = "beacon_sample"
 # agent model bound to a tool with any other name is rejected by the provider at call time.
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 DECISION_EVENT = "beacon_decision"
+# LangGraph's tag for a chat model run whose tokens stream_mode="messages" must not stream
+# (langgraph.constants.TAG_NOSTREAM). A graph node calling BeaconRunnable would otherwise stream
+# every candidate's tokens (and an LLM judge's verdicts) into a chat UI, several interleaved,
+# rejected ones included, and never the choice: the chosen message has the id of a streamed
+# candidate, so LangGraph took it as already streamed. Tagged so, that stream shows the node's
+# output, the chosen message; the candidates remain in astream_events and the custom events.
+_NOSTREAM = "nostream"
 
 #: What ``invoke`` returns: the best ``AIMessage`` (``return_result=False``, the default) or the
 #: full ``BeaconResult`` (``return_result=True``); type checkers infer it from the constructor.
@@ -214,6 +221,31 @@ def _iterate_in_thread(make: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
         t.join()
 
 
+def _retry_from_dict(data: dict[str, Any]) -> RetryPolicy:
+    """A :class:`beacon.retry.RetryPolicy` from its ``to_dict()`` (what serialization writes);
+    a key it does not have is a :class:`beacon.ConfigError` naming it."""
+    known = RetryPolicy().to_dict()
+    for key in data:
+        if key not in known:
+            raise ConfigError(
+                f"retry.{key}", data[key], f"unknown field; known: {', '.join(known)}"
+            )
+    return RetryPolicy(**data)
+
+
+def _retries_itself(model: Runnable[Any, Any]) -> bool:
+    """Whether ``model`` is a ``with_retry`` runnable, also under bindings over it
+    (``llm.with_retry(...).with_config(run_name=...)``, ``.bind(...)``): the engine's own
+    retries would multiply its attempts (3 engine attempts of 5 with_retry ones: 15 paid calls)."""
+    seen: set[int] = set()
+    while isinstance(model, RunnableBindingBase) and id(model) not in seen:
+        if isinstance(model, RunnableRetry):
+            return True
+        seen.add(id(model))
+        model = model.bound
+    return False
+
+
 # What LangChain passes a RunnableLambda's function by keyword when it declares them.
 _LAMBDA_KEYWORDS = frozenset({"config", "run_manager"})
 
@@ -248,6 +280,39 @@ def _check_lambda_scorer(scorer: RunnableLambda[Any, Any]) -> None:
                 f"({', '.join(required)}), but a runnable scorer is called with one dict "
                 '{"prompt": ..., "response": ...}; pass the function itself for '
                 "score(prompt, response)",
+            )
+
+
+# What a runnable scorer is invoked with (beacon_integrations._adapt.lc_scorer_runnable).
+_SCORER_KEYS = frozenset({"prompt", "response"})
+
+
+def _check_runnable_scorer(scorer: Runnable[Any, Any]) -> None:
+    """A runnable scorer must take the dict ``{"prompt": ..., "response": ...}``.
+
+    Two forms never can: a bare chat model or LLM (a judge without its prompt), which refuses a
+    dict, and a chain starting with a prompt template that needs other variables (``Rate
+    {answer}``). Either fails every sample, each after a model call that is paid for; caught
+    here instead, as a :class:`beacon.ConfigError` saying what to write.
+    """
+    head = _head(scorer)
+    if isinstance(head, BaseLanguageModel):
+        raise ConfigError(
+            "scorer",
+            scorer,
+            f"starts with the chat model/LLM {type(head).__name__}, which cannot take the "
+            'scorer\'s input {"prompt": ..., "response": ...}; put a prompt template in front '
+            "of it: ChatPromptTemplate.from_template('... {prompt} ... {response}') | judge",
+        )
+    if isinstance(head, BasePromptTemplate):
+        missing = sorted(set(head.input_variables) - _SCORER_KEYS)
+        if missing:
+            raise ConfigError(
+                "scorer",
+                scorer,
+                f"starts with a prompt template needing the variables {missing}, but a "
+                'runnable scorer is called with {"prompt": ..., "response": ...} only; name '
+                "them {prompt} and {response}",
             )
 
 
@@ -299,15 +364,19 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             integers accepted); ``config["max_concurrency"]`` of a call (an integer >= 1)
             overrides it, ``None`` there keeps this field.
         retry: the engine's per-call retry policy. ``None``: no engine retries when the model
-            is already a ``with_retry`` runnable (so retries never multiply), else the engine
-            default (3 attempts, exponential backoff with jitter, retryable errors only).
+            is already a ``with_retry`` runnable, also under ``with_config`` / ``bind`` (so
+            retries never multiply), else the engine default (3 attempts, exponential backoff
+            with jitter, retryable errors only).
+            Serialized as its ``to_dict()`` (a dict is accepted back) unless it has a
+            ``retry_on`` predicate, which has no JSON form.
         timeout: seconds allowed per model or scorer attempt (a number > 0, checked at
             construction), not counting the wait for ``rate_limiter``; ``None`` for no limit.
             A synchronous scorer callable runs on the event loop, where nothing interrupts it
             (one that overruns is failed once it returns), unless ``offload_sync``: make a
             slow scorer async, set ``offload_sync=True``, or wrap a blocking one in
             ``RunnableLambda`` (LangChain runs it in a worker thread).
-        budget: per-query caps on tokens, money or wall time (stop reason ``budget``).
+        budget: per-query caps on tokens, money or wall time (stop reason ``budget``);
+            serialized as its ``to_dict()``, and a dict is accepted back.
         offload_sync: run a plain *synchronous* scorer callable in worker threads (one daemon
             thread per call, :func:`beacon._sync.call_in_thread`, as
             ``BeaconSampler(offload_sync=True)``), so that a blocking scorer does not stall the
@@ -334,9 +403,10 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
     if TYPE_CHECKING:
         # What the constructor accepts, for type checkers: the validators below also take a
         # plain callable as ``model`` (wrapped in ``RunnableLambda``) and a ``to_dict()`` dict
-        # as ``config``, which the field types (what the attributes hold) do not say. The
-        # overloads tell what ``invoke`` returns from ``return_result``: an ``AIMessage``
-        # (default), a ``BeaconResult`` (``True``), either for a ``bool`` known only at run time.
+        # as ``config``, ``budget`` or ``retry``, which the field types (what the attributes
+        # hold) do not say. The overloads tell what ``invoke`` returns from ``return_result``:
+        # an ``AIMessage`` (default), a ``BeaconResult`` (``True``), either for a ``bool`` known
+        # only at run time.
         @overload
         def __init__(
             self: BeaconRunnable[AIMessage],
@@ -347,9 +417,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             return_result: Literal[False] = False,
             rate_limiter: BaseRateLimiter | None = None,
             max_concurrency: int = 16,
-            retry: RetryPolicy | None = None,
+            retry: RetryPolicy | dict[str, Any] | None = None,
             timeout: float | None = 60.0,
-            budget: Budget | None = None,
+            budget: Budget | dict[str, Any] | None = None,
             offload_sync: bool = False,
             name: str | None = None,
         ) -> None: ...
@@ -364,9 +434,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             return_result: Literal[True],
             rate_limiter: BaseRateLimiter | None = None,
             max_concurrency: int = 16,
-            retry: RetryPolicy | None = None,
+            retry: RetryPolicy | dict[str, Any] | None = None,
             timeout: float | None = 60.0,
-            budget: Budget | None = None,
+            budget: Budget | dict[str, Any] | None = None,
             offload_sync: bool = False,
             name: str | None = None,
         ) -> None: ...
@@ -381,9 +451,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             return_result: bool,
             rate_limiter: BaseRateLimiter | None = None,
             max_concurrency: int = 16,
-            retry: RetryPolicy | None = None,
+            retry: RetryPolicy | dict[str, Any] | None = None,
             timeout: float | None = 60.0,
-            budget: Budget | None = None,
+            budget: Budget | dict[str, Any] | None = None,
             offload_sync: bool = False,
             name: str | None = None,
         ) -> None: ...
@@ -405,6 +475,8 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
     def _check_scorer(cls, v: Any) -> Any:
         if isinstance(v, RunnableLambda):
             _check_lambda_scorer(v)
+        if isinstance(v, Runnable):
+            _check_runnable_scorer(v)
         if isinstance(v, Runnable) or callable(v):
             return v
         raise ConfigError("scorer", v, "must be a callable, a runnable or a beacon scorer")
@@ -439,6 +511,18 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         # strict: pydantic would take "yes" or 1 as True
         return boolean("offload_sync", v)
 
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _coerce_budget(cls, v: Any) -> Any:
+        # a Budget.to_dict() (what serialization writes) is taken back; anything else that is
+        # not a Budget fails on the field's own type check
+        return Budget.from_dict(v) if isinstance(v, dict) else v
+
+    @field_validator("retry", mode="before")
+    @classmethod
+    def _coerce_retry(cls, v: Any) -> Any:
+        return _retry_from_dict(v) if isinstance(v, dict) else v
+
     # -- serialization ---------------------------------------------------------------------------
     @classmethod
     def is_lc_serializable(cls) -> bool:
@@ -450,9 +534,17 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
 
     @property
     def lc_attributes(self) -> dict[str, Any]:
-        # BeaconConfig is a frozen dataclass: serialize it as its JSON-ready dict, which the
-        # config validator accepts back.
-        return {"config": self.config.to_dict()}
+        # BeaconConfig, Budget and RetryPolicy are frozen dataclasses: serialize them as their
+        # JSON-ready dicts, which the validators accept back. A reloaded runnable without its
+        # budget would spend past the caps it was built with, and one without its retry policy
+        # would pay for the default retries. A retry_on predicate has no JSON form: such a
+        # policy, like a rate limiter, is left out and must be passed again.
+        attrs: dict[str, Any] = {"config": self.config.to_dict()}
+        if self.budget is not None:
+            attrs["budget"] = self.budget.to_dict()
+        if self.retry is not None and self.retry.retry_on is None:
+            attrs["retry"] = self.retry.to_dict()
+        return attrs
 
     # -- types -----------------------------------------------------------------------------------
     @property
@@ -506,7 +598,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
     def _retry_policy(self) -> RetryPolicy:
         if self.retry is not None:
             return self.retry
-        if isinstance(self.model, RunnableRetry):
+        if _retries_itself(self.model):
             return RetryPolicy.none()
         return RetryPolicy()
 
@@ -533,6 +625,11 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         )
 
     def _query(self, value: Any, config: RunnableConfig) -> LCQuery:
+        # The model and scorer calls run under the query's config, tagged "nostream" (see
+        # _NOSTREAM); the caller's config is not changed.
+        tags = config.get("tags") or []
+        if _NOSTREAM not in tags:
+            config = {**config, "tags": [*tags, _NOSTREAM]}
         return LCQuery(lc_prompt_text(value, self.model), value, config)
 
     def _output(self, res: BeaconResult) -> OutputT:
@@ -560,7 +657,26 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         return AIMessage(content=best.text, response_metadata=meta)
 
     @staticmethod
-    def _check_kwargs(kwargs: dict[str, Any]) -> None:
+    def _check_call(config: Any, kwargs: dict[str, Any]) -> None:
+        """Refuse, naming it, what LangChain would fail on deep inside: a call ``config`` (or
+        one of a batch's) that is no ``RunnableConfig`` dict, and keyword arguments.
+
+        A ``BeaconConfig`` passed as the call's ``config``, mistaken for the runnable's own,
+        failed with an ``AttributeError`` from LangChain's config handling."""
+        for c in config if isinstance(config, list) else (config,):
+            if c is not None and not isinstance(c, Mapping):
+                hint = (
+                    "; a BeaconConfig is the runnable's own: BeaconRunnable(config=...), or "
+                    "runnable.model_copy(update={'config': ...}) for another one"
+                    if isinstance(c, BeaconConfig)
+                    else ""
+                )
+                raise ConfigTypeError(
+                    "config",
+                    c,
+                    "must be a LangChain RunnableConfig, a dict (callbacks, tags, metadata, "
+                    f"max_concurrency, configurable...){hint}",
+                )
         if kwargs:
             raise TypeError(
                 f"unexpected keyword arguments {sorted(kwargs)}; bind model options on the "
@@ -581,14 +697,14 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
     ) -> OutputT:
         """Sample, score and stop for one input; returns the best ``AIMessage`` (or result)."""
-        self._check_kwargs(kwargs)
+        self._check_call(config, kwargs)
         return await self._acall_with_config(self._ainvoke_inner, input, config)
 
     def invoke(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
     ) -> OutputT:
         """Synchronous :meth:`ainvoke`; safe inside a running event loop (``beacon._sync``)."""
-        self._check_kwargs(kwargs)
+        self._check_call(config, kwargs)
         return run_sync(self.ainvoke(input, config))
 
     # -- batch -----------------------------------------------------------------------------------
@@ -636,7 +752,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
     ) -> list[OutputT]:
         """All inputs through one sampler: ``max_concurrency`` bounds model calls in flight
         across the batch, and one input's failure never loses the others' results."""
-        self._check_kwargs(kwargs)
+        self._check_call(config, kwargs)
 
         async def inner(
             inputs: list[Any],
@@ -658,7 +774,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         **kwargs: Any | None,
     ) -> list[OutputT]:
         """Synchronous :meth:`abatch` (one event loop, not a thread per input)."""
-        self._check_kwargs(kwargs)
+        self._check_call(config, kwargs)
         return run_sync(self.abatch(inputs, config, return_exceptions=return_exceptions))
 
     # -- streaming -------------------------------------------------------------------------------
@@ -738,7 +854,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         """The composition protocol (a chain streams through it): yields what ``ainvoke``
         returns, once, so the next step (``StrOutputParser``, ...) gets a message as from
         ``invoke``. Progress is in the custom events; :meth:`astream` yields chunks."""
-        self._check_kwargs(kwargs)
+        self._check_call(config, kwargs)
         async for out in self._atransform_stream_with_config(
             input, self._atransform_output, config
         ):
@@ -751,7 +867,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         **kwargs: Any | None,
     ) -> Iterator[OutputT]:
         """Synchronous :meth:`atransform` (yields what ``invoke`` returns, once)."""
-        self._check_kwargs(kwargs)
+        self._check_call(config, kwargs)
         yield from self._transform_stream_with_config(input, self._transform_output, config)
 
     # astream / stream yield BeaconChunks, not the Output type invoke returns (a deliberate
@@ -764,7 +880,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         **kwargs: Any | None,
     ) -> AsyncIterator[BeaconChunk]:
         """One :class:`BeaconChunk` per scored candidate, then the final choice."""
-        self._check_kwargs(kwargs)
+        self._check_call(config, kwargs)
 
         async def one() -> AsyncIterator[Any]:
             yield input
@@ -780,13 +896,18 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         **kwargs: Any | None,
     ) -> Iterator[BeaconChunk]:
         """Synchronous :meth:`astream` (works inside a running event loop)."""
-        self._check_kwargs(kwargs)
+        self._check_call(config, kwargs)
         chunks: Runnable[Any, Any] = self  # chunks, not OutputT (see astream)
         yield from chunks._transform_stream_with_config(iter([input]), self._transform, config)
 
     # -- agent tool ------------------------------------------------------------------------------
     def as_beacon_tool(
-        self, name: str, description: str, *, return_direct: bool = False
+        self,
+        name: str,
+        description: str,
+        *,
+        return_direct: bool = False,
+        config: RunnableConfig | None = None,
     ) -> BaseTool:
         """A ``BaseTool`` answering with the best response text.
 
@@ -804,6 +925,12 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         nests under the tool run. When no candidate can be scored the tool reports a
         ``ToolException`` message to the agent instead of raising.
 
+        ``config`` is merged into the config of every BEACON run of the tool (tags, metadata,
+        callbacks, ``run_name``, ``max_concurrency``, ``configurable``). A binding passes its
+        own: ``best_of_n.with_config(run_name="best_of_n", tags=[...]).as_beacon_tool(...)``
+        reaches this method through ``RunnableBinding``'s delegation, which hands over the bound
+        config only to a method taking ``config``; without it the tool ran without that config.
+
         ``name`` must match ``^[a-zA-Z0-9_-]{1,64}$`` (what OpenAI and Anthropic accept) and
         ``description`` be a non-empty string; otherwise :class:`beacon.ConfigError` names the
         field and the value.
@@ -817,7 +944,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
         if not isinstance(description, str) or not description:
             raise ConfigError("description", description, "must be a non-empty string")
         runner = self.model_copy(update={"return_result": True})
-        named = runner._named_input_schema()
+        named = runner._named_input_schema(config)
         return _BeaconTool(
             name=name,
             description=description,
@@ -825,7 +952,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             return_direct=return_direct,
             response_format="content_and_artifact",
             handle_tool_error=True,
-            runner=runner,
+            runner=runner if config is None else runner.with_config(config),
             single=None if named is not None else "question",
         )
 
@@ -837,9 +964,10 @@ class _Question(BaseModel):
 class _BeaconTool(BaseTool):
     """The agent tool of :meth:`BeaconRunnable.as_beacon_tool`.
 
-    ``runner`` is the ``BeaconRunnable`` (with ``return_result=True``); ``single`` names the
-    argument that is its whole input (``"question"``), or is ``None`` when the validated
-    arguments, a dict of the model's variables, are the input.
+    ``runner`` is the ``BeaconRunnable`` (with ``return_result=True``; bound to the config
+    ``as_beacon_tool`` was given, if any, which a call's own config is merged into); ``single``
+    names the argument that is its whole input (``"question"``), or is ``None`` when the
+    validated arguments, a dict of the model's variables, are the input.
     """
 
     runner: Any = Field(exclude=True)
