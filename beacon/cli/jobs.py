@@ -402,12 +402,14 @@ def _check_outputs(prompts: Path, out: Path, dpo: Path | None) -> None:
     paths = [p.resolve() for p in (prompts, out, *([dpo] if dpo else []))]
     if len(set(paths)) != len(paths):
         usage_error("PROMPTS, --out and --dpo must be three different files", "--out")
-    from beacon.jobs.local import check_path
+    from beacon.jobs.local import check_path, check_prompts_text
 
     for path, option in ((prompts, "PROMPTS"), (out, "--out"), (dpo, "--dpo")):
         if path is not None:
             try:
                 check_path(option, path)  # what run_job itself refuses, as a usage error
+                if path is prompts:
+                    check_prompts_text(path, option)  # a .jsonl.gz, a UTF-16 export
             except JobInputError as exc:
                 usage_error(f"{str(path)!r} {exc.reason}", option)
 
@@ -714,8 +716,6 @@ def run_command(
     task = prog.add_task(prompts.name, total=None, stats="")
 
     def on_progress(p: JobProgress) -> None:
-        if p.last is not None and p.last is not last[0].last:
-            reasons[str(p.last.record.get("stop_reason") or "input-error")] += 1
         last[0] = p
         prog.update(
             task,
@@ -751,6 +751,7 @@ def run_command(
             interrupted = True
             state = last[0]
             history = state.warm_start  # the refits made before the interruption
+    reasons.update(state.stop_reasons)
     counts: dict[str, Any] = {
         "done": state.done,
         "failed": state.failed,

@@ -116,6 +116,7 @@ def result_record(key: str, record: PromptRecord, res: BeaconResult, *,
 
     ``ok`` is true when at least one sample was scored (``best`` is set); a query that ended
     with ``stop_reason == "error"`` but has a best keeps ``ok: true`` and reports ``error``.
+    ``budget_unenforced`` is there when a budget cap could not be enforced for the prompt.
     """
     best = res.best
     out: dict[str, Any] = {
@@ -140,6 +141,10 @@ def result_record(key: str, record: PromptRecord, res: BeaconResult, *,
                         "message": res.error or "no sample was generated and scored"}
     elif res.error:
         out["error"] = {"type": "SampleErrors", "message": res.error}
+    if res.budget_unenforced:
+        # the caps of sampling this prompt's responses escaped (no token counts or cost
+        # reported): kept, as the sampler's warning says, so the line does not look capped
+        out["budget_unenforced"] = list(res.budget_unenforced)
     if record.metadata is not None:
         out["metadata"] = dict(record.metadata)
     if keep_candidates:

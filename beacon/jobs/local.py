@@ -68,8 +68,8 @@ from beacon.jobs.warm_start import WarmStart, WarmStarter, seed_rewards
 
 T = TypeVar("T")
 
-__all__ = ["JobProgress", "JobSummary", "arun_job", "count_prompt_lines", "iter_records",
-           "run_job"]
+__all__ = ["JobProgress", "JobSummary", "arun_job", "check_prompts_text", "count_prompt_lines",
+           "iter_records", "run_job"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,10 @@ class JobProgress:
     spec keeps them (``keep_candidates``: it applies to the prompts run now); ``other_lines``: lines
     of the output that are not this job's (other prompts, or other options: another cost,
     horizon, factory... gives other keys), left as they are -- counted once the whole input is
-    read; ``last``: the outcome just written (or None); ``warm_start``: with a warm start, its
+    read; ``stop_reasons``: the lines written in this run by ``stop_reason`` (``input-error``
+    for a prompt that never ran), counted as they are written, also those written while the
+    callback is muted by an interruption; ``last``: the outcome just written (or None);
+    ``warm_start``: with a warm start, its
     refits so far (:meth:`~beacon.jobs.warm_start.WarmStarter.history`; None without one), so
     that a run interrupted before its summary still tells which priors it fitted."""
 
@@ -105,6 +108,7 @@ class JobProgress:
     dpo_missing: int = 0
     no_candidates: int = 0
     other_lines: int = 0
+    stop_reasons: Mapping[str, int] = field(default_factory=dict)
     last: Outcome | None = field(default=None, compare=False, repr=False)
     warm_start: list[dict[str, Any]] | None = field(default=None, compare=False, repr=False)
 
@@ -147,6 +151,7 @@ class JobSummary:
             "dpo_missing": p.dpo_missing,
             "no_candidates": p.no_candidates,
             "other_lines": p.other_lines,
+            "stop_reasons": dict(p.stop_reasons),
             "elapsed": self.elapsed,
             "interrupted": self.interrupted,
             "warm_start": self.warm_start,
@@ -207,12 +212,42 @@ def check_path(name: str, value: Any) -> Path:
     return path
 
 
+# How files that are not UTF-8 text start (a BOM, a compressor's magic number), and what to
+# do with them: read as UTF-8 JSONL, every line was a "not valid JSON" error quoting binary
+# noise, written to the output as if the job had run.
+_NOT_TEXT: tuple[tuple[bytes, str, str], ...] = (
+    (b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
+    (b"BZh", "bzip2-compressed", "decompress it first (bunzip2)"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz)"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first (unzstd)"),
+    (b"PK\x03\x04", "a zip archive", "extract the JSONL file from it"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text", "save it as UTF-8"),
+    (b"\xff\xfe\x00\x00", "UTF-32 text", "save it as UTF-8"),
+    (b"\xfe\xff", "UTF-16 text", "save it as UTF-8"),
+    (b"\xff\xfe", "UTF-16 text", "save it as UTF-8"),
+)
+
+
+def check_prompts_text(path: Path, name: str = "prompts") -> None:
+    """Raise :class:`JobInputError` naming ``name`` when the file at ``path`` starts like a
+    compressed file or UTF-16/32 text instead of UTF-8 JSONL (only its first bytes are read)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(6)
+    except OSError:  # unreadable: the reader itself raises, naming the file
+        return
+    for magic, what, fix in _NOT_TEXT:
+        if head.startswith(magic) and (magic != b"BZh" or head[3:4].isdigit()):
+            raise JobInputError(name, str(path), f"is {what}, not UTF-8 JSONL text: {fix}")
+
+
 def _check_prompts(prompts: Any) -> Path | None:
     """The prompts path (None for an iterable of records); raises for anything else."""
     if isinstance(prompts, str | PathLike):
         path = check_path("prompts", prompts)
         if not path.exists():
             raise JobInputError("prompts", prompts, "no such file")
+        check_prompts_text(path)
         return path
     if isinstance(prompts, bytes | bytearray | Mapping | PromptRecord) \
             or not isinstance(prompts, Iterable):
@@ -425,10 +460,16 @@ async def arun_job(
             dpo_w.write(outcome.dpo)
         out_w.write(outcome.record)
         n = int(outcome.record.get("n_samples") or 0)
+        # Counted here, not by the callback from `last`: prompts written while it is muted
+        # (in the step of a Ctrl-C) are reported only by the final counts.
+        reason = str(outcome.record.get("stop_reason") or "input-error")
+        reasons = {**state.stop_reasons, reason: state.stop_reasons.get(reason, 0) + 1}
         if outcome.ok:
-            report(done=state.done + 1, samples=state.samples + n, last=outcome)
+            report(done=state.done + 1, samples=state.samples + n, stop_reasons=reasons,
+                   last=outcome)
         else:
-            report(failed=state.failed + 1, samples=state.samples + n, last=outcome)
+            report(failed=state.failed + 1, samples=state.samples + n, stop_reasons=reasons,
+                   last=outcome)
         if starter is not None and outcome.ok:
             starter.add(outcome.record.get("rewards") or [])
             maybe_refit()
@@ -436,12 +477,14 @@ async def arun_job(
     async def refit() -> None:
         assert starter is not None
         # Fitting and building the new prior's h-table are CPU work: off the loop, while
-        # prompts keep running with the current prior. Prompts that finish meanwhile are
-        # picked up by the next round.
+        # prompts keep running with the current prior. The new prior is adopted only once
+        # its table is built: a prompt started with it before waited for the build in an
+        # engine thread, holding its slot, and a Ctrl-C waited for the whole build. Prompts
+        # that finish meanwhile are picked up by the next round.
         while starter.due():
             rows = starter.snapshot()  # on the loop: exactly the prompts committed so far
             old = starter.config
-            cfg = await asyncio.to_thread(starter.refit, rows)
+            cfg = await asyncio.to_thread(functools.partial(starter.refit, rows, adopt=False))
             keep_history()
             if cfg is not old:
                 try:
@@ -449,6 +492,8 @@ async def arun_job(
                 except Exception as exc:  # a table that cannot be built: keep the old prior
                     starter.revert(old, exc)
                     keep_history()
+                else:
+                    starter.adopt(cfg)
 
     def keep_history() -> None:
         # In the counts, not reported: the next report (and the last call of an interrupted

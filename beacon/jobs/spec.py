@@ -433,7 +433,12 @@ class LineError:
 def parse_prompt_line(text: str, line: int, *, source: str | None = None) -> PromptRecord:
     """Parse one JSONL line into a :class:`PromptRecord` (raises :class:`JobInputError`)."""
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        # without its line break: an error at the end of the line (a line cut short) is
+        # placed in this line, not at "line 2 column 1" of a one-line text; and without a
+        # BOM, which files exported with one and concatenated carry mid-file (the file's
+        # own is dropped on open)
+        body = text.rstrip("\r\n").removeprefix("\ufeff")
+        data = json.loads(body, parse_constant=_reject_constant)
     except ValueError as exc:
         raise JobInputError("line", text.strip(), f"not valid JSON ({exc})", line=line,
                             source=source) from None
@@ -572,10 +577,18 @@ class JobSpec:
         for req in ("generator", "scorer", "config"):
             if req not in data:
                 raise JobInputError(req, None, "is required")
+        # checked here: dict() raised a bare ValueError for a string and took a list of
+        # pairs for an object
+        config, sampling = data["config"], data.get("sampling")
+        if not isinstance(config, Mapping):
+            raise JobInputError("config", config, "must be a JSON object "
+                                                  "(BeaconConfig.to_dict())")
+        if sampling is not None and not isinstance(sampling, Mapping):
+            raise JobInputError("sampling", sampling, "must be a JSON object or null")
         return cls(
             generator=FactorySpec.from_dict(data["generator"], field_name="generator"),
             scorer=FactorySpec.from_dict(data["scorer"], field_name="scorer"),
-            config=BeaconConfig.from_dict(dict(data["config"])),
-            sampling=dict(data.get("sampling") or {}),
+            config=BeaconConfig.from_dict(dict(config)),
+            sampling=dict(sampling or {}),
             keep_candidates=data.get("keep_candidates", False),
         )

@@ -153,9 +153,12 @@ class WarmStarter:
         """The rewards recorded so far (take it where :meth:`add` is called, then fit anywhere)."""
         return self.rewards[:]
 
-    def refit(self, rows: list[list[float]] | None = None) -> BeaconConfig:
+    def refit(self, rows: list[list[float]] | None = None, *,
+              adopt: bool = True) -> BeaconConfig:
         """Fit on ``rows`` (default: every prompt recorded so far) and make the result the
-        current config; returns the (possibly unchanged) config."""
+        current config; returns the (possibly unchanged) config. ``adopt=False`` records the
+        refit but leaves :attr:`config` as it is, for the caller to :meth:`adopt` the result
+        once it is ready to run (its h-table built)."""
         rows = self.snapshot() if rows is None else rows
         n = len(rows)
         while self._next_at <= n:
@@ -167,10 +170,15 @@ class WarmStarter:
             log.warning("warm start: refit on %d prompts failed (%s); keeping the prior", n, exc)
             self.refits.append(_Refit(n, None, f"{type(exc).__name__}: {exc}"))
             return self.config
-        self.config = cfg
+        if adopt:
+            self.config = cfg
         self.refits.append(_Refit(n, cfg.resolved_prior.to_dict(), cost=cfg.cost,
                                   transform=None if cfg.transform is None else cfg.transform.kind))
         return cfg
+
+    def adopt(self, cfg: BeaconConfig) -> None:
+        """Make ``cfg``, the result of ``refit(adopt=False)``, what the next prompt uses."""
+        self.config = cfg
 
     def revert(self, previous: BeaconConfig, exc: BaseException) -> None:
         """Undo the last refit (its config could not be prepared, e.g. its h-table could not
