@@ -979,6 +979,12 @@ def submit_command(
     BEACON_STATE_URL. Submitting the same file and spec again resends only unfinished prompts.
     """
     check_input_file(prompts, "PROMPTS")
+    from beacon.jobs.local import check_prompts_text
+
+    try:
+        check_prompts_text(prompts, "PROMPTS")  # a .jsonl.gz, a UTF-16 export: not sent
+    except JobInputError as exc:
+        usage_error(f"{str(prompts)!r} {exc.reason}", "PROMPTS")
     # --out / --dpo are written only by --wait: without it they would be silently ignored.
     if out is not None and not wait:
         usage_error("--out needs --wait (or collect later: beacon collect JOB --out FILE)",
