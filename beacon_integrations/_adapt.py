@@ -95,8 +95,10 @@ def to_reward(value: Any, position: Any = None) -> float:
 
     Accepts a real number, a bool (``True``/``False``, numpy's too: 1.0/0.0, as the engine
     does, for verifiers on the bernoulli family), a numeric string (an LLM judge piped into
-    ``StrOutputParser``), a message whose text content is numeric (a judge chat model), or a
-    mapping with a numeric (or bool) ``"score"`` or ``"reward"`` entry. A message whose content
+    ``StrOutputParser``), a message whose text content is numeric (a judge chat model), a
+    mapping with a numeric (or bool) ``"score"`` or ``"reward"`` entry, or a pydantic model or
+    dataclass with such a ``score`` or ``reward`` field (a structured-output judge:
+    ``judge.with_structured_output(Grade)``). A message whose content
     is a list of blocks (a reasoning judge's) is read from its text blocks. An exception instance
     (a scorer failing this one value) is raised as it is. Anything else is a
     :class:`beacon.RewardError`; its message names ``position`` (a sample's position) only
@@ -107,10 +109,17 @@ def to_reward(value: Any, position: Any = None) -> float:
     returns -- each element of a batch -- so an invalid one fails only its own sample.
     """
     raw = value
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         for key in ("score", "reward"):
             if key in value:
                 value = value[key]
+                break
+    elif _is_structured(value):
+        # a judge's structured output (with_structured_output(Grade), LlamaIndex's
+        # output_cls): a pydantic model or dataclass with a score / reward field
+        for key in ("score", "reward"):
+            if hasattr(value, key):
+                value = getattr(value, key)
                 break
     content = getattr(value, "content", None)
     if isinstance(content, str):
@@ -128,6 +137,13 @@ def to_reward(value: Any, position: Any = None) -> float:
         if exc is value:  # a scorer's own error for this value (an HTTP scorer's, say)
             raise
         raise _reward_error(raw, exc.reason, position) from None
+
+
+def _is_structured(value: Any) -> bool:
+    """``value`` is a pydantic model or dataclass instance (a structured-output record)."""
+    return hasattr(type(value), "model_fields") or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    )
 
 
 def _blocks_text(blocks: list[Any]) -> str:
