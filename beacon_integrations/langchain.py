@@ -50,6 +50,7 @@ from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
     RunnableLambda,
+    RunnableSequence,
     RunnableSerializable,
 )
 from langchain_core.runnables.base import RunnableBindingBase, coerce_to_runnable
@@ -235,14 +236,22 @@ def _retry_from_dict(data: dict[str, Any]) -> RetryPolicy:
 
 def _retries_itself(model: Runnable[Any, Any]) -> bool:
     """Whether ``model`` is a ``with_retry`` runnable, also under bindings over it
-    (``llm.with_retry(...).with_config(run_name=...)``, ``.bind(...)``): the engine's own
+    (``llm.with_retry(...).with_config(run_name=...)``, ``.bind(...)``) or as a step of a
+    sequence (``prompt | llm.with_retry() | parser``): the engine's own
     retries would multiply its attempts (3 engine attempts of 5 with_retry ones: 15 paid calls)."""
     seen: set[int] = set()
-    while isinstance(model, RunnableBindingBase) and id(model) not in seen:
-        if isinstance(model, RunnableRetry):
+    todo = [model]
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if isinstance(m, RunnableRetry):
             return True
-        seen.add(id(model))
-        model = model.bound
+        if isinstance(m, RunnableBindingBase):
+            todo.append(m.bound)
+        elif isinstance(m, RunnableSequence):
+            todo += m.steps  # prompt | llm.with_retry() | parser: the LLM step retries itself
     return False
 
 
@@ -287,6 +296,22 @@ def _check_lambda_scorer(scorer: RunnableLambda[Any, Any]) -> None:
 _SCORER_KEYS = frozenset({"prompt", "response"})
 
 
+def _stock_input(model: BaseLanguageModel[Any]) -> bool:
+    """Whether ``model`` takes LangChain's stock chat-model / LLM input (a string, messages or
+    a prompt value, never a dict): its class overrides none of ``invoke``, ``ainvoke`` and
+    ``_convert_input``. A subclass that does (a reward-model wrapper taking the scorer's dict)
+    may well take ``{"prompt": ..., "response": ...}``."""
+    from langchain_core.language_models import BaseChatModel, BaseLLM
+
+    for base in (BaseChatModel, BaseLLM):
+        if isinstance(model, base):
+            cls = type(model)
+            return all(
+                getattr(cls, m) is getattr(base, m) for m in ("invoke", "ainvoke", "_convert_input")
+            )
+    return False
+
+
 def _check_runnable_scorer(scorer: Runnable[Any, Any]) -> None:
     """A runnable scorer must take the dict ``{"prompt": ..., "response": ...}``.
 
@@ -296,7 +321,7 @@ def _check_runnable_scorer(scorer: Runnable[Any, Any]) -> None:
     here instead, as a :class:`beacon.ConfigError` saying what to write.
     """
     head = _head(scorer)
-    if isinstance(head, BaseLanguageModel):
+    if isinstance(head, BaseLanguageModel) and _stock_input(head):
         raise ConfigError(
             "scorer",
             scorer,
@@ -364,8 +389,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             integers accepted); ``config["max_concurrency"]`` of a call (an integer >= 1)
             overrides it, ``None`` there keeps this field.
         retry: the engine's per-call retry policy. ``None``: no engine retries when the model
-            is already a ``with_retry`` runnable, also under ``with_config`` / ``bind`` (so
-            retries never multiply), else the engine default (3 attempts, exponential backoff
+            is already a ``with_retry`` runnable, also under ``with_config`` / ``bind`` or as a
+            step of a sequence (``prompt | llm.with_retry() | parser``; so retries never
+            multiply), else the engine default (3 attempts, exponential backoff
             with jitter, retryable errors only).
             Serialized as its ``to_dict()`` (a dict is accepted back) unless it has a
             ``retry_on`` predicate, which has no JSON form.
@@ -663,7 +689,9 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
 
         A ``BeaconConfig`` passed as the call's ``config``, mistaken for the runnable's own,
         failed with an ``AttributeError`` from LangChain's config handling."""
-        for c in config if isinstance(config, list) else (config,):
+        # LangChain's batch takes any sequence of configs, one per input
+        many = isinstance(config, Sequence) and not isinstance(config, str | bytes)
+        for c in config if many else (config,):
             if c is not None and not isinstance(c, Mapping):
                 hint = (
                     "; a BeaconConfig is the runnable's own: BeaconRunnable(config=...), or "
@@ -943,6 +971,7 @@ class BeaconRunnable(RunnableSerializable[LanguageModelInput, OutputT]):
             )
         if not isinstance(description, str) or not description:
             raise ConfigError("description", description, "must be a non-empty string")
+        self._check_call(config, {})  # a BeaconConfig here is the runnable's own, not this
         runner = self.model_copy(update={"return_result": True})
         named = runner._named_input_schema(config)
         return _BeaconTool(
