@@ -236,23 +236,35 @@ def _retry_from_dict(data: dict[str, Any]) -> RetryPolicy:
 
 def _retries_itself(model: Runnable[Any, Any]) -> bool:
     """Whether ``model`` is a ``with_retry`` runnable, also under bindings over it
-    (``llm.with_retry(...).with_config(run_name=...)``, ``.bind(...)``) or as a step of a
-    sequence (``prompt | llm.with_retry() | parser``): the engine's own
-    retries would multiply its attempts (3 engine attempts of 5 with_retry ones: 15 paid calls)."""
+    (``llm.with_retry(...).with_config(run_name=...)``, ``.bind(...)``), or a sequence with a
+    ``with_retry`` chat model / LLM step (``prompt | llm.with_retry() | parser``): the engine's
+    own retries would multiply its attempts (3 engine attempts of 5 with_retry ones: 15 paid
+    calls). Another step's ``with_retry`` (a retriever's) leaves the model call to the engine.
+    """
     seen: set[int] = set()
-    todo = [model]
+    todo: list[tuple[Any, bool]] = [(model, False)]  # (runnable, is it a step of a sequence)
     while todo:
-        m = todo.pop()
+        m, step = todo.pop()
         if id(m) in seen:
             continue
         seen.add(id(m))
         if isinstance(m, RunnableRetry):
-            return True
-        if isinstance(m, RunnableBindingBase):
-            todo.append(m.bound)
+            if not step or isinstance(_unbound(m.bound), BaseLanguageModel):
+                return True
+        elif isinstance(m, RunnableBindingBase):
+            todo.append((m.bound, step))
         elif isinstance(m, RunnableSequence):
-            todo += m.steps  # prompt | llm.with_retry() | parser: the LLM step retries itself
+            todo += [(st, True) for st in m.steps]
     return False
+
+
+def _unbound(m: Any) -> Any:
+    """``m`` under its bindings (``bind``, ``with_config``)."""
+    seen: set[int] = set()
+    while isinstance(m, RunnableBindingBase) and id(m) not in seen:
+        seen.add(id(m))
+        m = m.bound
+    return m
 
 
 # What LangChain passes a RunnableLambda's function by keyword when it declares them.

@@ -100,22 +100,45 @@ def test_a_beacon_config_given_to_as_beacon_tool_is_a_typed_error() -> None:
         make().as_beacon_tool("best", "best answer", config=CFG)  # type: ignore[arg-type]
 
 
-def test_engine_retries_stay_off_for_a_chain_with_a_with_retry_step() -> None:
-    calls: list[int] = []
+class DownModel(BaseChatModel):
+    """A chat model whose provider is down (a retryable error for the engine too)."""
 
-    def down(x: Any) -> str:
-        calls.append(1)
-        raise ConnectionError("provider down")  # retryable for the engine too
+    calls: list[int]
 
-    step = RunnableLambda(down).with_retry(
-        stop_after_attempt=2, wait_exponential_jitter=False,
-        retry_if_exception_type=(ConnectionError,),
-    )
-    chain = ChatPromptTemplate.from_template("{q}") | step | StrOutputParser()
+    @property
+    def _llm_type(self) -> str:
+        return "down"
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        self.calls.append(1)
+        raise ConnectionError("provider down")
+
+
+def _chain_with_retry(step: str) -> tuple[Any, list[int]]:
+    model = DownModel(calls=[])
+    retry = {"stop_after_attempt": 2, "wait_exponential_jitter": False,
+             "retry_if_exception_type": (ConnectionError,)}
+    prompt = ChatPromptTemplate.from_template("{q}")
+    if step == "llm":
+        return prompt | model.with_retry(**retry) | StrOutputParser(), model.calls
+    # another step retries itself (a flaky retriever): the model call is the engine's to retry
+    prep = RunnableLambda(lambda d: d).with_retry(**retry)
+    return prep | prompt | model | StrOutputParser(), model.calls
+
+
+@pytest.mark.parametrize("step", ["llm", "other"])
+def test_engine_retries_follow_a_with_retry_llm_step_of_a_chain(step: str) -> None:
+    chain, made = _chain_with_retry(step)
     r = BeaconRunnable(
         model=chain, scorer=length_reward,
         config=BeaconConfig(cost=0.5, horizon=4, max_failures=0), max_concurrency=1,
-        return_result=True,
+        return_result=True, retry=None,
     )
     res = r.invoke({"q": "hello"})
-    assert res.stop_reason == "error" and len(calls) == 2  # not 3 engine attempts of 2
+    assert res.stop_reason == "error" and res.usage.model_calls > 0
+    if step == "llm":  # with_retry retries the LLM step: no engine retry on top
+        assert res.usage.retries == 0 and len(made) >= 2 * res.usage.failed_calls
+    else:  # one provider call per engine attempt, retried by the engine
+        assert res.usage.retries > 0 and len(made) <= res.usage.model_calls
