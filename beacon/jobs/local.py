@@ -108,7 +108,7 @@ class JobProgress:
     dpo_missing: int = 0
     no_candidates: int = 0
     other_lines: int = 0
-    stop_reasons: Mapping[str, int] = field(default_factory=dict)
+    stop_reasons: Mapping[str, int] = field(default_factory=dict, hash=False)
     last: Outcome | None = field(default=None, compare=False, repr=False)
     warm_start: list[dict[str, Any]] | None = field(default=None, compare=False, repr=False)
 
@@ -225,6 +225,7 @@ _NOT_TEXT: tuple[tuple[bytes, str, str], ...] = (
     (b"\xff\xfe\x00\x00", "UTF-32 text", "save it as UTF-8"),
     (b"\xfe\xff", "UTF-16 text", "save it as UTF-8"),
     (b"\xff\xfe", "UTF-16 text", "save it as UTF-8"),
+    (b"\x00", "UTF-16 or UTF-32 text (big-endian, no BOM)", "save it as UTF-8"),
 )
 
 
@@ -239,6 +240,11 @@ def check_prompts_text(path: Path, name: str = "prompts") -> None:
     for magic, what, fix in _NOT_TEXT:
         if head.startswith(magic) and (magic != b"BZh" or head[3:4].isdigit()):
             raise JobInputError(name, str(path), f"is {what}, not UTF-8 JSONL text: {fix}")
+    if len(head) >= 2 and head[1:2] == b"\x00":  # '{' or '[' then NUL: little-endian, no BOM
+        raise JobInputError(
+            name, str(path), "is UTF-16 or UTF-32 text (no BOM), not UTF-8 JSONL text: save it "
+            "as UTF-8"
+        )
 
 
 def _check_prompts(prompts: Any) -> Path | None:
@@ -455,6 +461,8 @@ async def arun_job(
     def records() -> Iterable[PromptRecord | LineError]:
         return iter_records(prompts if prompts_path is None else prompts_path)
 
+    stop_counts: dict[str, int] = {}
+
     def commit(outcome: Outcome) -> None:
         if dpo_w is not None and outcome.dpo is not None:
             dpo_w.write(outcome.dpo)
@@ -463,7 +471,8 @@ async def arun_job(
         # Counted here, not by the callback from `last`: prompts written while it is muted
         # (in the step of a Ctrl-C) are reported only by the final counts.
         reason = str(outcome.record.get("stop_reason") or "input-error")
-        reasons = {**state.stop_reasons, reason: state.stop_reasons.get(reason, 0) + 1}
+        stop_counts[reason] = stop_counts.get(reason, 0) + 1
+        reasons = dict(stop_counts)  # a copy: a callback changing it changes no later count
         if outcome.ok:
             report(done=state.done + 1, samples=state.samples + n, stop_reasons=reasons,
                    last=outcome)
@@ -655,7 +664,7 @@ async def arun_job(
         if own_executor:
             await ex.aclose()
     return JobSummary(
-        state,
+        replace(state, stop_reasons=dict(stop_counts)),  # not the callback's copy
         time.perf_counter() - t0,
         interrupted,
         starter.history() if starter is not None else None,

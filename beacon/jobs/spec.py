@@ -467,8 +467,9 @@ def iter_prompt_lines(
 
 def is_blank_line(text: str) -> bool:
     """A line the prompt reader skips: only whitespace, Unicode whitespace included (a
-    non-breaking space, U+3000...), as ``str.strip`` sees it."""
-    return not text.strip()
+    non-breaking space, U+3000...), as ``str.strip`` sees it, and byte-order marks (what
+    concatenating an empty or blank-first-line export saved with a BOM leaves mid-file)."""
+    return not text.strip().lstrip("\ufeff").strip()
 
 
 def open_prompt_file(path: str | Path) -> TextIO:
