@@ -69,7 +69,7 @@ from numpy.typing import NDArray
 
 from beacon._checks import is_integer, is_real, real_as_float
 from beacon.config import BeaconConfig
-from beacon.errors import ConfigError, RewardError
+from beacon.errors import ConfigError, ConfigTypeError, RewardError
 from beacon.priors import Prior, rewards_before_first_decision
 from beacon.transforms import RewardTransform, is_pandas_na, table_values
 
@@ -699,6 +699,9 @@ class CrossFit:
         folds: fold of each prompt (length = prompts of the log it was fitted on).
         fits: ``fits[f]`` was fitted on the prompts with ``folds != f``.
         seed: the seed of :func:`fold_assignment`.
+        ids: the ids of the prompts it was fitted on, in the log's order (set by
+            :func:`cross_fit`); None for one built by hand, whose prompts are then checked by
+            count only.
     """
 
     family: str
@@ -706,6 +709,7 @@ class CrossFit:
     folds: IntArray
     fits: tuple[FoldFit, ...]
     seed: int = CROSSFIT_SEED
+    ids: tuple[str, ...] | None = None
 
     @property
     def n_folds(self) -> int:
@@ -832,22 +836,45 @@ def cross_fit(
                         raise ConfigError(
                             whole.field, whole.value, f"{whole.reason} (on the whole log)"
                         ) from exc
+            # more folds make each fold smaller and its training prompts more: the fit that
+            # failed on these prompts may succeed on more of them (fewer folds, fewer prompts)
+            todo = (
+                "add prompts to the log (every fold already trains on all prompts but one)"
+                if train.size >= fam.n_prompts - 1
+                else f"use more folds (at most {fam.n_prompts}, leave-one-out) or a larger log"
+            )
             raise ConfigError(
                 exc.field, exc.value,
                 f"{exc.reason} (cross-fitting fold {f} of {int(folds)}: its prior is fitted on "
-                f"the {train.size} prompts outside it; use fewer folds or a larger log)",
+                f"the {train.size} prompts outside it; {todo})",
             ) from exc
         fits.append(FoldFit(res.prior, res.transform, float(res.within_scale), train))
-    return CrossFit(family, kind, assign, tuple(fits), seed)
+    return CrossFit(family, kind, assign, tuple(fits), seed, fam.ids)
 
 
 def _check_crossfit(data: LoggedRewards, crossfit: CrossFit) -> None:
+    """``crossfit`` was fitted on ``data``'s prompts, in the same order.
+
+    Each row is replayed with the prior of its fold, found by position: a cross-fit of another
+    log of as many prompts, or of this log's prompts in another order (a subset, a shuffle),
+    would replay prompts with priors fitted on their own rewards, or on another log, without
+    a word. The ids tell (when the cross-fit has them; one built by hand may not).
+    """
     if crossfit.n_prompts != data.n_prompts:
         raise ConfigError(
             "crossfit",
             f"{crossfit.n_prompts} prompts",
             f"was fitted on another log (this one has {data.n_prompts} prompts)",
         )
+    if crossfit.ids is None or crossfit.ids == data.ids:
+        return
+    i = next(k for k, (a, b) in enumerate(zip(crossfit.ids, data.ids, strict=True)) if a != b)
+    raise ConfigError(
+        "crossfit",
+        f"prompt {crossfit.ids[i]!r} at row {i}",
+        f"was fitted on other prompts or another order (row {i} of {data.source} is prompt "
+        f"{data.ids[i]!r}); cross-fit this log as it is evaluated: cross_fit(data, ...)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1354,7 +1381,24 @@ def cap_horizon(
     return cfg.replace(horizon=avail), cfg.horizon
 
 
-def _check_family(cfg: BeaconConfig, crossfit: CrossFit | None) -> None:
+def _check_args(data: LoggedRewards, cfg: BeaconConfig, crossfit: CrossFit | None) -> None:
+    """The argument types of :func:`evaluate` / :func:`tune` (a list of rewards or a dict
+    failed deep inside as an AttributeError), then ``cfg``'s family against ``crossfit``'s."""
+    if not isinstance(data, LoggedRewards):
+        raise ConfigTypeError(
+            "data",
+            type(data).__name__,
+            "must be a LoggedRewards: load_logged(path), logged_from_records(records) or "
+            "LoggedRewards(ids, rewards)",
+        )
+    if not isinstance(cfg, BeaconConfig):
+        raise ConfigTypeError(
+            "cfg", type(cfg).__name__, "must be a beacon.BeaconConfig (BeaconConfig(cost=...))"
+        )
+    if crossfit is not None and not isinstance(crossfit, CrossFit):
+        raise ConfigTypeError(
+            "crossfit", type(crossfit).__name__, "must be None or a CrossFit from cross_fit()"
+        )
     if crossfit is not None and crossfit.family != cfg.family:
         raise ConfigError(
             "family", cfg.family, f"the cross-fitted prior is for the {crossfit.family} family"
@@ -1372,7 +1416,7 @@ def evaluate(
     replayed with the prior fitted on the other folds and ``cfg.cost`` is in per-prompt
     standardized units; ``cfg``'s own prior and transform are not used.
     """
-    _check_family(cfg, crossfit)
+    _check_args(data, cfg, crossfit)
     data = data.for_family(cfg.family)
     cfg, requested = cap_horizon(data, cfg, crossfit)
     data = data.truncate(cfg.horizon)
@@ -1867,7 +1911,7 @@ def tune(
         raise ConfigError(
             "target_samples", target_samples, "give target_samples or max_quality_loss, not both"
         )
-    _check_family(cfg, crossfit)
+    _check_args(data, cfg, crossfit)
     q: QualityKind = quality or default_quality(cfg.family)
     if q not in QUALITY_KINDS:
         raise ConfigError("quality", q, f"must be one of {', '.join(QUALITY_KINDS)}")

@@ -865,6 +865,19 @@ class GaussianizeTransform(RewardTransform):
             "slope_right": self.slope_right,
         }
 
+    def __repr__(self) -> str:
+        """The knots' count and range, not every knot.
+
+        The base class prints ``to_dict()``: up to 1024 knots each of ``x`` and ``q``, so an
+        error naming the transform as its value (``BeaconConfig(family="judge",
+        transform=fit.transform)``) or a config's repr ran to some 40,000 characters.
+        """
+        return (
+            f"GaussianizeTransform({self.x.size} knots, x in [{self.x[0]:.6g}, "
+            f"{self.x[-1]:.6g}], q in [{self.q[0]:.6g}, {self.q[-1]:.6g}], "
+            f"slope_left={self.slope_left:.6g}, slope_right={self.slope_right:.6g})"
+        )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GaussianizeTransform:
         names = ("x", "q", "slope_left", "slope_right")

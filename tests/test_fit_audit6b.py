@@ -108,7 +108,9 @@ def test_crossfit_failure_of_the_whole_log_does_not_advise_fewer_folds() -> None
     rows[0]["rewards"] = [0.0, 1.0, 2.0]  # the one prompt that varies: its fold fails alone
     with pytest.raises(ConfigError) as err:
         cross_fit(logged_from_records(rows), "normal", "none", 6)
-    assert "fewer folds" in str(err.value), err.value
+    # (leave-one-out already: the fold advice is to add prompts; more folds cannot help)
+    assert "cross-fitting fold" in str(err.value), err.value
+    assert "add prompts to the log" in str(err.value), err.value
 
 
 # -- --min-samples with --family bernoulli counts labels, and says so ---------------------------

@@ -865,6 +865,10 @@ def log_setup(
         try:
             return BeaconConfig(horizon=h, **fields)
         except ConfigError as exc:
+            if exc.field == "transform" and transform is not None:
+                # the family refuses the transform: name it as typed (a kind or a file), not
+                # as the object loaded from it
+                usage_error(f"{transform!r}: {exc.reason}", "--transform")
             if exc.field != "horizon" or cf is None:
                 raise
         # The fitted priors (k0 <= 1), not the family default the config keeps, are replayed:

@@ -8,6 +8,7 @@ Writes ``{"prior": {...}, "transform": {...} | null, "fitted_on": {...}}``, the 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -30,7 +31,7 @@ from beacon.cli.common import (
     usage_error,
 )
 from beacon.errors import ConfigError, RewardError
-from beacon.evaluation import name_reward_error
+from beacon.evaluation import LogFormatError, LoggedRewards, name_reward_error
 from beacon.priors import rewards_before_first_decision
 from beacon.transforms import RewardTransform
 
@@ -100,7 +101,7 @@ def fit_prior_command(
         # writing the prior there would replace the log it is fitted on
         usage_error(f"{str(output)!r} is the log LOGGED itself; give another file", "--output")
     check_output_file(output, "--output", " (--json also prints the prior on stdout)")
-    data = load_log(logged).for_family(family)
+    data = _family_data(logged, family)
     try:
         fit = fit_reward_model(
             data.rewards, family, transform=fit_with, method=method, robust=robust
@@ -136,6 +137,34 @@ def fit_prior_command(
     print_notes(_scale_note(fit))
     if as_json:
         echo_json(doc)
+
+
+# jq filter keeping the lines with a label on a logged reward (the samples bernoulli replays)
+_LABELLED_LINES = (
+    "select([.rewards, (.correct // [])] | transpose | any(.[]; .[0] != null and .[1] != null))"
+)
+
+
+def _family_data(logged: Path, family: str) -> LoggedRewards:
+    """The log's data for ``family`` (its labels for bernoulli), read as replay reads it.
+
+    A bernoulli log where some prompts have rewards but no label is refused by
+    :meth:`LoggedRewards.for_family` with replay's remedy (``--min-samples 1``), an option
+    fit-prior does not have; here the remedy is the ``jq`` command that writes the labelled
+    prompts to a copy of the log (what ``beacon tune`` tells you to fit on).
+    """
+    data = load_log(logged)
+    try:
+        return data.for_family(family)
+    except LogFormatError as exc:
+        if family != "bernoulli" or exc.field != "correct" or exc.value is None:
+            raise
+        reason = exc.reason.split("; ", 1)[0]
+        fail(
+            f"{logged}: invalid correct={exc.value!r}: {reason}; label them, or fit on the "
+            "labelled prompts: "
+            f"jq -c {shlex.quote(_LABELLED_LINES)} {shlex.quote(str(logged))} > labelled.jsonl"
+        )
 
 
 def _scale_note(fit: FitResult) -> list[str]:

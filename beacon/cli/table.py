@@ -18,7 +18,7 @@ from beacon.cli.common import (
     usage_error,
 )
 from beacon.errors import ConfigError
-from beacon.priors import NIGPrior
+from beacon.priors import NIGPrior, rewards_before_first_decision
 
 __all__ = ["register", "table_command"]
 
@@ -65,8 +65,11 @@ def table_command(
                 "--prior",
             )
         p = loaded
-    if horizon < p.k0 + 1:
-        usage_error(f"{horizon}: must be >= k0 + 1 = {p.k0 + 1} for this prior", "--horizon")
+    # the rewards before the first decision, as replay counts them: a proper prior's k0 is 0
+    # but it decides after one reward, so its table needs n >= 2
+    need = rewards_before_first_decision(p) + 1
+    if horizon < need:
+        usage_error(f"{horizon}: must be >= k0 + 1 = {need} for this prior", "--horizon")
     wait = " (a precise build, if needed, takes minutes)" if precise else ""
     try:
         with spinner(f"h-index table n={horizon}{wait}"), stopwatch() as elapsed:
