@@ -849,7 +849,7 @@ def cross_fit(
                 f"the {train.size} prompts outside it; {todo})",
             ) from exc
         fits.append(FoldFit(res.prior, res.transform, float(res.within_scale), train))
-    return CrossFit(family, kind, assign, tuple(fits), seed, fam.ids)
+    return CrossFit(family, kind, assign, tuple(fits), seed, tuple(fam.ids))
 
 
 def _check_crossfit(data: LoggedRewards, crossfit: CrossFit) -> None:
@@ -866,9 +866,14 @@ def _check_crossfit(data: LoggedRewards, crossfit: CrossFit) -> None:
             f"{crossfit.n_prompts} prompts",
             f"was fitted on another log (this one has {data.n_prompts} prompts)",
         )
-    if crossfit.ids is None or crossfit.ids == data.ids:
+    if crossfit.ids is None:
         return
-    i = next(k for k, (a, b) in enumerate(zip(crossfit.ids, data.ids, strict=True)) if a != b)
+    # ids may be any sequence (a list, a numpy array): compared element by element
+    i = next(
+        (k for k, (a, b) in enumerate(zip(crossfit.ids, data.ids, strict=True)) if a != b), None
+    )
+    if i is None:
+        return
     raise ConfigError(
         "crossfit",
         f"prompt {crossfit.ids[i]!r} at row {i}",

@@ -437,7 +437,7 @@ def parse_prompt_line(text: str, line: int, *, source: str | None = None) -> Pro
         # placed in this line, not at "line 2 column 1" of a one-line text; and without a
         # BOM, which files exported with one and concatenated carry mid-file (the file's
         # own is dropped on open)
-        body = text.rstrip("\r\n").removeprefix("\ufeff")
+        body = text.rstrip("\r\n").lstrip("\ufeff")  # one per file concatenated before it
         data = json.loads(body, parse_constant=_reject_constant)
     except ValueError as exc:
         raise JobInputError("line", text.strip(), f"not valid JSON ({exc})", line=line,
