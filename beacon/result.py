@@ -2,8 +2,8 @@
 
 A :class:`BeaconResult` is plain data. :meth:`BeaconResult.to_dict` gives a JSON-ready dict
 (``json.dumps`` works on it) and :meth:`BeaconResult.from_dict` inverts it. In-memory-only
-objects (the raw model response of each candidate, e.g. a LangChain ``AIMessage``, and a prompt
-that is not JSON-able) are dropped by ``to_dict``.
+objects (the raw model response of each candidate, e.g. a LangChain ``AIMessage``, and the
+parts of a prompt or metadata that JSON cannot hold) are dropped by ``to_dict``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from beacon._checks import is_integer, is_real, real_as_float
 from beacon.errors import ConfigError, ConfigTypeError
@@ -75,6 +77,51 @@ def _is_jsonable(obj: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def _json_ready(obj: Any) -> Any:
+    """``obj`` (a prompt or metadata) as JSON can hold it, for :meth:`BeaconResult.to_dict`.
+
+    Already JSON-able (the common case, one ``json.dumps`` check): unchanged. Otherwise, part
+    by part: numpy numbers and booleans (a DataFrame row's ``id``) become plain ones, tuples
+    lists, non-finite floats ``None``, and anything JSON has no form for (an object, bytes)
+    ``None``, as raw objects are dropped; mapping keys become strings as ``json.dumps`` makes
+    them. Without this, ``json.dumps(result.to_dict())`` failed on such a value.
+    """
+    if _is_jsonable(obj):
+        return obj
+    return _json_part(obj)
+
+
+def _json_part(obj: Any, within: tuple[int, ...] = ()) -> Any:
+    """One part of :func:`_json_ready`; ``within``: the ids of the containers holding it (a
+    container that holds itself is ``None`` there, not endless recursion)."""
+    if obj is None or isinstance(obj, str | bool):
+        return obj
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if is_integer(obj):
+        return int(obj)
+    if is_real(obj):
+        f = real_as_float(obj)
+        return f if math.isfinite(f) else None
+    if isinstance(obj, Mapping | list | tuple):
+        if id(obj) in within:
+            return None
+        inner = (*within, id(obj))
+        if isinstance(obj, Mapping):
+            return {_json_key(k): _json_part(v, inner) for k, v in obj.items()}
+        return [_json_part(v, inner) for v in obj]
+    return None
+
+
+def _json_key(key: Any) -> str:
+    """A mapping key as the string ``json.dumps`` writes it (``str(key)`` for other kinds)."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool | np.bool_) or is_real(key):
+        return json.dumps(_json_part(key))
+    return str(key)
 
 
 @dataclass(slots=True)
@@ -302,7 +349,7 @@ class BeaconResult:
     """The outcome of one query.
 
     Attributes:
-        prompt: the prompt as given (any object; serialized only if JSON-able).
+        prompt: the prompt as given (any object; ``to_dict`` keeps what JSON can hold).
         candidates: every sample that completed or failed, in draw order.
         n_samples: successful samples charged (rewards the Stopper observed); failed and
             cancelled samples are not charged.
@@ -315,7 +362,8 @@ class BeaconResult:
             Stopper's own ``stop_reason`` kept, when an observer raised on the final stop
             decision (the query was complete; the observer's error is still reported).
             Otherwise ``None``.
-        metadata: the caller's metadata, passed through unchanged (keep it JSON-able).
+        metadata: the caller's metadata, passed through unchanged (``to_dict`` keeps what JSON
+            can hold: numpy numbers as plain ones, other objects as ``None``).
         config: the :class:`~beacon.config.BeaconConfig` used, as ``to_dict()``.
         budget_unenforced: the :class:`~beacon.budget.Budget` caps (``"max_tokens"``,
             ``"max_cost"``) this query could not enforce because a model response reported
@@ -395,12 +443,13 @@ class BeaconResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``json.dumps(res.to_dict())`` works); :meth:`from_dict` inverts it.
 
-        Non-finite floats become ``None``; a prompt that is not JSON-able becomes ``None``;
+        Non-finite floats become ``None``; in the prompt and metadata, numpy numbers become
+        plain ones and values JSON cannot hold ``None`` (:func:`_json_ready`);
         raw model responses are dropped.
         """
         best = self.best
         return {
-            "prompt": self.prompt if _is_jsonable(self.prompt) else None,
+            "prompt": _json_ready(self.prompt),
             "best_index": None if best is None else best.index,
             "best_text": None if best is None else best.text,
             "best_reward": None if best is None else _json_float(best.reward),
@@ -410,7 +459,7 @@ class BeaconResult:
             "trace": [t.to_dict() for t in self.trace],
             "usage": self.usage.to_dict(),
             "error": self.error,
-            "metadata": dict(self.metadata),
+            "metadata": _json_ready(dict(self.metadata)),
             "config": self.config,
             "budget_unenforced": list(self.budget_unenforced),
         }
