@@ -675,6 +675,10 @@ def _check_submit_args(
     for name, v in (("job_id", job_id), ("input_digest", input_digest), ("queue", queue)):
         if v is not None and not (isinstance(v, str) and v):
             raise JobInputError(name, v, "must be a non-empty string or None")
+    if job_id is not None and any(c.isspace() or not c.isprintable() for c in job_id):
+        # The id is printed on a line of its own for `JOB=$(beacon submit ...)` and given
+        # back unquoted (`beacon status $JOB`): a space or newline splits it there.
+        raise JobInputError("job_id", job_id, "must hold no spaces or control characters")
     if not isinstance(source, str):
         raise JobInputError("source", source, "must be a string")
     boolean("retry_failed", retry_failed, JobInputError)

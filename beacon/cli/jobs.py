@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -1026,6 +1027,10 @@ def submit_command(
             fail(str(exc))
         except UnknownJobError as exc:  # purged (collect --purge elsewhere) while it was sent
             fail(f"{exc} while it was being submitted: submit again to register it anew")
+        except JobInputError as exc:
+            if exc.field == "job_id":  # checked before anything is registered or sent
+                usage_error(f"{job_id!r}: {exc.reason}", "--job-id")
+            raise
         except Exception as exc:
             if type(exc).__module__.startswith(("kombu", "amqp")):
                 fail(f"cannot reach the broker: {exc}")
@@ -1146,6 +1151,19 @@ def status_command(
         )
 
 
+def _check_wait_timeout(wait_timeout: float | None, wait: bool) -> None:
+    """Refuse a ``--wait-timeout`` that would be ignored (no ``--wait``) or never end the wait
+    (NaN compares false with every elapsed time: the wait hung forever) or end it at once
+    (negative), before anything is read."""
+    if wait_timeout is None:
+        return
+    if not wait:
+        usage_error("--wait-timeout needs --wait", "--wait-timeout")
+    if not (math.isfinite(wait_timeout) and wait_timeout >= 0):
+        usage_error(f"{wait_timeout!r}: must be a finite number of seconds >= 0 (leave it out "
+                    "to wait without a limit)", "--wait-timeout")
+
+
 @guarded
 def collect_command(
     job: Annotated[str, typer.Argument(metavar="JOB", help="Job id printed by submit.")],
@@ -1155,7 +1173,9 @@ def collect_command(
     wait_timeout: Annotated[
         float | None,
         typer.Option(
-            "--wait-timeout", help="Give up waiting after this many seconds.", show_default=False
+            "--wait-timeout",
+            help="With --wait: give up waiting after this many seconds.",
+            show_default=False,
         ),
     ] = None,
     purge: Annotated[
@@ -1187,6 +1207,7 @@ def collect_command(
     _check_collect_files(out, dpo)  # before waiting: a usage error must not come hours late
     if purge_failed and not purge:
         usage_error("--purge-failed only goes with --purge", "--purge-failed")
+    _check_wait_timeout(wait_timeout, wait)
     store = _store()
     st = (
         _wait(store, job, timeout=wait_timeout, quiet=as_json)
@@ -1196,9 +1217,11 @@ def collect_command(
     with _state_store_errors(store, f"while collecting job {job}",
                              _collect_resume_hint(job, out)):
         c = collect_job(store, job, out, dpo=dpo)
-        if purge and c.status.finished and not c.complete:
-            # The last prompts finished during the collect: it may have missed them. Collect
-            # again (idempotent) so that nothing stored is purged before it is written.
+        if c.status.finished and not c.complete:
+            # The last prompts finished during the collect: its scan may have missed them,
+            # yet the counts read after it say "0 pending". Collect again (idempotent) so a
+            # job reported finished (exit 0) is wholly in ``out``, and nothing stored is
+            # purged before it is written.
             again = collect_job(store, job, out, dpo=dpo)
             c = replace(again, written=c.written + again.written,
                         dpo_written=c.dpo_written + again.dpo_written,
@@ -1232,7 +1255,7 @@ def collect_command(
             )
         if refused:
             err_console.print(f"job {job}: not purged: {refused}.", markup=False)
-    if st.failed or st.pending:
+    if st.failed or st.pending or not c.complete:
         raise typer.Exit(EXIT_FAILURE)
 
 
