@@ -93,6 +93,28 @@ def _json_ready(obj: Any) -> Any:
     return _json_part(obj)
 
 
+def _json_prompt(prompt: Any) -> Any:
+    """The prompt as JSON holds it (:func:`_json_ready`), or ``None`` when a part of it had to
+    be dropped (a LangChain message, an image's bytes): a prompt missing parts would read as
+    another prompt, and ``None`` has always meant "not serialisable"."""
+    if _is_jsonable(prompt):
+        return prompt
+    out = _json_part(prompt)
+    return out if _no_part_dropped(prompt, out) else None
+
+
+def _no_part_dropped(obj: Any, out: Any) -> bool:
+    """Whether :func:`_json_part` turned no non-``None`` value of ``obj`` into ``None``
+    (non-finite floats excepted: JSON writes them ``null`` everywhere in a result)."""
+    if out is None:
+        return obj is None or (is_real(obj) and not is_integer(obj))
+    if isinstance(obj, Mapping):
+        return all(_no_part_dropped(v, out[_json_key(k)]) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return all(_no_part_dropped(v, o) for v, o in zip(obj, out, strict=True))
+    return True
+
+
 def _json_part(obj: Any, within: tuple[int, ...] = ()) -> Any:
     """One part of :func:`_json_ready`; ``within``: the ids of the containers holding it (a
     container that holds itself is ``None`` there, not endless recursion)."""
@@ -444,12 +466,13 @@ class BeaconResult:
         """JSON-ready dict (``json.dumps(res.to_dict())`` works); :meth:`from_dict` inverts it.
 
         Non-finite floats become ``None``; in the prompt and metadata, numpy numbers become
-        plain ones and values JSON cannot hold ``None`` (:func:`_json_ready`);
-        raw model responses are dropped.
+        plain ones; a metadata value JSON cannot hold becomes ``None`` (:func:`_json_ready`),
+        and so does a prompt with such a part (:func:`_json_prompt`); raw model responses
+        are dropped.
         """
         best = self.best
         return {
-            "prompt": _json_ready(self.prompt),
+            "prompt": _json_prompt(self.prompt),
             "best_index": None if best is None else best.index,
             "best_text": None if best is None else best.text,
             "best_reward": None if best is None else _json_float(best.reward),

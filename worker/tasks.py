@@ -51,6 +51,7 @@ import math
 import os
 import threading
 import time
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
@@ -675,9 +676,10 @@ def _check_submit_args(
     for name, v in (("job_id", job_id), ("input_digest", input_digest), ("queue", queue)):
         if v is not None and not (isinstance(v, str) and v):
             raise JobInputError(name, v, "must be a non-empty string or None")
-    if job_id is not None and any(c.isspace() or not c.isprintable() for c in job_id):
+    if job_id is not None and any(c.isspace() or unicodedata.category(c) == "Cc" for c in job_id):
         # The id is printed on a line of its own for `JOB=$(beacon submit ...)` and given
-        # back unquoted (`beacon status $JOB`): a space or newline splits it there.
+        # back unquoted (`beacon status $JOB`): a space or newline splits it there. Format
+        # characters (a Persian word's zero-width non-joiner, an emoji's joiner) do not.
         raise JobInputError("job_id", job_id, "must hold no spaces or control characters")
     if not isinstance(source, str):
         raise JobInputError("source", source, "must be a string")

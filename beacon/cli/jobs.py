@@ -1198,7 +1198,8 @@ def collect_command(
 ) -> None:
     """Write a job's results (and DPO pairs) to local JSONL files; safe to repeat.
 
-    Exit 0 when the job is finished with no failures, 1 when prompts failed or are pending.
+    Exit 0 when the job is finished with no failures and all of it is in --out; 1 when prompts
+    failed or are pending, or outcomes changed while the collect ran (collect again).
     """
     try:
         from worker.state import collect_job, purge_refusal
@@ -1255,6 +1256,12 @@ def collect_command(
             )
         if refused:
             err_console.print(f"job {job}: not purged: {refused}.", markup=False)
+        if st.finished and not c.complete:
+            err_console.print(
+                f"job {job}: outcomes changed while this collect ran (a failed prompt "
+                f"redelivered and done, say); {out} may lack some: collect again",
+                markup=False,
+            )
     if st.failed or st.pending or not c.complete:
         raise typer.Exit(EXIT_FAILURE)
 
