@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import decimal
+import math
+import numbers
 import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
@@ -28,12 +31,16 @@ _BOX_CMDS = ("\\boxed", "\\fbox")
 def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced.
 
-    ``\\boxed 5`` (no braces) yields ``"5"``. ``None`` when there is no complete box.
+    ``\\boxed 5`` (no braces) yields ``"5"`` (a sentence's period after it dropped); space or a
+    line break before the brace is skipped. ``None`` when there is no complete box.
     """
     start = max(text.rfind(cmd) for cmd in _BOX_CMDS)
     while start >= 0:
         cmd = next(c for c in _BOX_CMDS if text.startswith(c, start))
-        i = start + len(cmd)
+        after = start + len(cmd)
+        i = after
+        while i < len(text) and text[i] in " \t\r\n":  # TeX skips spaces before the argument
+            i += 1
         if i < len(text) and text[i] == "{":
             depth, j = 0, i
             while j < len(text):
@@ -44,10 +51,13 @@ def last_boxed(text: str) -> str | None:
                     if depth == 0:
                         return text[i + 1 : j].strip()
                 j += 1
-        elif i < len(text) and text[i] == " ":
-            rest = text[i + 1 :].split("$")[0].strip()
+        elif i > after:
+            rest = text[i:].split("$")[0].strip()
             if rest:
-                return rest.split()[0]
+                # "the answer is \\boxed 5." -- the sentence's period is no part of the answer
+                word = rest.split()[0].rstrip(".,;:!?")
+                if word:
+                    return word
         # an unclosed box: look for an earlier one
         start = max(text.rfind(c, 0, start) for c in _BOX_CMDS)
     return None
@@ -58,15 +68,97 @@ def _timeouts() -> int | None:
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
+# An exact number (a power or factorial of numbers) with more digits than this is not compared
+# as a number: sympy builds such integers in single C calls that hold the GIL, so off the main
+# thread (where math-verify has no timeout) one "\\boxed{9^{9^{9^9}}}" froze the whole process.
+_MAX_DIGITS = 100_000
+
+
+class _TooLarge(Exception):
+    """An exact power or factorial in a parsed answer is beyond ``_MAX_DIGITS`` digits."""
+
+
+def _digits(expr: Any, sympy: Any) -> float | None:
+    """Upper bound on the decimal digits of ``expr`` as an exact number; None when symbolic.
+
+    Every part is visited, so a huge power inside a symbolic expression is found too. Raises
+    :class:`_TooLarge` at the first power or factorial beyond ``_MAX_DIGITS`` digits.
+    """
+    kids = [_digits(a, sympy) for a in expr.args]
+    if isinstance(expr, sympy.Rational):
+        num, den = expr.as_numer_denom()
+        return max(int(num).bit_length(), int(den).bit_length()) * math.log10(2) + 1
+    if isinstance(expr, sympy.Float):
+        value = abs(float(expr))
+        return math.log10(value) + 1 if math.isfinite(value) and value >= 1 else 1.0
+    sizes = [k for k in kids if k is not None]
+    if not sizes or len(sizes) < len(kids):
+        return None
+    size: float
+    if expr.is_Pow:
+        base, exp = sizes
+        size = 10.0 ** min(exp, 300.0) * base  # |exponent| < 10**exp digits
+    elif isinstance(expr, sympy.factorial | sympy.factorial2):
+        size = 10.0 ** min(sizes[0], 300.0) * sizes[0]
+    elif expr.is_Mul:
+        return sum(sizes)
+    elif expr.is_Add:
+        return max(sizes) + 1
+    else:
+        return None
+    if size > _MAX_DIGITS:
+        raise _TooLarge
+    return size
+
+
+def _bounded(parsed: list[Any]) -> list[Any]:
+    """``parsed`` with any expression too large to compare as a number dropped.
+
+    The answer's text stays, so two identical huge answers still match as strings.
+    """
+    sympy = import_extra("sympy", __name__, "verify")  # math-verify's own dependency
+
+    out = []
+    for p in parsed:
+        if isinstance(p, sympy.Basic):
+            try:
+                _digits(p, sympy)
+            except (_TooLarge, RecursionError):  # a tower nested past the stack is huge too
+                continue
+        out.append(p)
+    return out
+
+
 @lru_cache(maxsize=4096)
-def _parse(expr: str, boxed: bool) -> Any:
+def _parse(expr: str) -> list[Any]:
+    """An answer parsed by math-verify: boxed as a model's final answer is, and bounded.
+
+    A reference and a response are parsed alike. Parsed bare, LaTeX kept only its first number
+    ("2\\sqrt{3}" was 2); ``$...$`` is tried when the box yields no expression ("3." is one).
+    """
     parse = import_extra("math_verify", __name__, "verify").parse
 
     t: Any = _timeouts()
-    out = parse(f"\\boxed{{{expr}}}" if boxed else expr, parsing_timeout=t)
-    if not out and not boxed:
-        out = parse(f"${expr}$", parsing_timeout=t)
-    return out
+    out = parse(f"\\boxed{{{expr}}}", parsing_timeout=t)
+    if all(isinstance(p, str) for p in out):
+        out = parse(f"${expr}$", parsing_timeout=t) or out
+    return _bounded(list(out))
+
+
+def _number_text(ref: numbers.Real | decimal.Decimal) -> str:
+    """A numeric reference (numpy's too, as a DataFrame row holds it) written as LaTeX reads it.
+
+    Positional notation: ``str(1e-07)`` is "1e-07", which LaTeX reads as ``e*1 - 7``.
+    """
+    if isinstance(ref, numbers.Integral):
+        return str(int(ref))
+    if isinstance(ref, numbers.Rational):  # a Fraction stays exact
+        return f"\\frac{{{ref.numerator}}}{{{ref.denominator}}}"
+    if not math.isfinite(float(ref)):
+        raise ConfigError("reference", ref, "a numeric reference answer must be finite")
+    # str() is the shortest text of the value's own precision (numpy's float32 0.1 is "0.1")
+    text = format(decimal.Decimal(str(ref)), "f")
+    return text[:-2] if text.endswith(".0") else text
 
 
 class MathAnswerVerifier:
@@ -112,12 +204,13 @@ class MathAnswerVerifier:
             ref = getattr(prompt, self.reference_key, None)
             if ref is None:
                 raise ConfigError(
-                    "reference_key", self.reference_key,
+                    "reference_key",
+                    self.reference_key,
                     f"prompt of type {type(prompt).__name__} has no such field; pass "
                     "reference=callable or a mapping prompt",
                 )
-        if isinstance(ref, int | float) and not isinstance(ref, bool):
-            ref = str(ref)
+        if isinstance(ref, numbers.Real | decimal.Decimal) and not isinstance(ref, bool):
+            ref = _number_text(ref)
         if not isinstance(ref, str) or not ref.strip():
             raise ConfigError("reference", ref, "the reference answer must be a non-empty string")
         return ref
@@ -131,8 +224,8 @@ class MathAnswerVerifier:
             return None
         ref = self.reference_for(prompt)
         ref_box = last_boxed(ref)
-        gold = _parse(ref_box, True) if ref_box is not None else _parse(ref, False)
-        pred = _parse(answer, True)
+        gold = _parse(ref_box if ref_box is not None else ref)
+        pred = _parse(answer)
         if not gold or not pred:
             return False
         return bool(
