@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from beacon._checks import is_real, real_as_float
+from beacon._checks import is_integer, is_real, real_as_float
 from beacon.errors import ConfigError
 
 __all__ = [
@@ -196,9 +196,21 @@ Prior = NIGPrior | BetaPrior
 
 def rewards_before_first_decision(prior: Any) -> int:
     """``BeaconConfig.k0`` for ``prior``: its ``decision_k0`` (a plugin family's prior may
-    define ``k0`` alone), never fewer than 1."""
-    d = getattr(prior, "decision_k0", None)
-    return max(1, int(prior.k0 if d is None else d))
+    define ``k0`` alone), never fewer than 1.
+
+    A prior with neither, or whose value is not an integer >= 0 (a plugin's ``default_prior``
+    returning None, a float ``k0``), is a :class:`ConfigError` naming the prior: the Stopper
+    needs the count before its first draw."""
+    d: Any = getattr(prior, "decision_k0", None)
+    if d is None:
+        d = getattr(prior, "k0", None)
+    if not is_integer(d) or d < 0:
+        raise ConfigError(
+            "prior", prior,
+            "a reward family's prior must define k0 (or decision_k0), the integer >= 0 number"
+            f" of rewards needed before the first decision; got {d!r}",
+        )  # fmt: skip
+    return max(1, int(d))
 
 
 _PRIOR_CLASSES: dict[str, type[NIGPrior] | type[BetaPrior]] = {
@@ -268,16 +280,22 @@ def load_prior(path: str | os.PathLike[str]) -> Prior:
         raise ConfigError("prior", str(p), f"cannot read it ({exc.strerror or exc})") from exc
     if isinstance(data, dict) and "prior" in data:
         if not isinstance(data["prior"], dict):  # not a bare prior with a field "prior"
-            raise ConfigError("prior", data["prior"], "must be a JSON object (the prior's "
-                              "parameters) in a {\"prior\": {...}} file")
+            raise ConfigError(
+                "prior",
+                data["prior"],
+                'must be a JSON object (the prior\'s parameters) in a {"prior": {...}} file',
+            )
         tr = data.get("transform")
         if tr is not None:
             kind = tr.get("kind") if isinstance(tr, dict) else tr
-            warnings.warn(TransformNotLoadedWarning(
-                f"{p} holds a prior fitted on {kind!r}-transformed rewards: load_prior returns "
-                "the prior alone, in the transformed units, which BeaconConfig(prior=...) "
-                "without that transform would apply to raw rewards; use "
-                "beacon.fitting.load_fit(path).config(cost=...) to keep the two together"
-            ), stacklevel=2)
+            warnings.warn(
+                TransformNotLoadedWarning(
+                    f"{p} holds a prior fitted on {kind!r}-transformed rewards: load_prior returns "
+                    "the prior alone, in the transformed units, which BeaconConfig(prior=...) "
+                    "without that transform would apply to raw rewards; use "
+                    "beacon.fitting.load_fit(path).config(cost=...) to keep the two together"
+                ),
+                stacklevel=2,
+            )
         data = data["prior"]
     return prior_from_dict(data)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from beacon._checks import real_as_float
+from beacon._checks import is_integer, real_as_float
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigTypeError, RewardError
 from beacon.families import get_family
@@ -242,17 +242,31 @@ def _replay_with_stopper(raw: NDArray[np.float64], cfg: BeaconConfig) -> ReplayR
         cols = np.flatnonzero(~np.isnan(raw[i]))
         s = Stopper(cfg)
         pos = 0
-        while isinstance(d := s.next_decision(), Draw):
-            if pos + d.count > cols.size:
-                trunc[i] = True
-                s.observe(raw[i, cols[pos:]])
-                pos = cols.size
-                break
-            s.observe(raw[i, cols[pos : pos + d.count]])
-            pos += d.count
+        try:
+            while isinstance(d := s.next_decision(), Draw):
+                if pos + d.count > cols.size:
+                    trunc[i] = True
+                    s.observe(raw[i, cols[pos:]])
+                    pos = cols.size
+                    break
+                s.observe(raw[i, cols[pos : pos + d.count]])
+                pos += d.count
+        except RewardError as exc:
+            raise _in_array(exc, i, cols) from exc
         used[i] = s.k
         reasons[i] = "horizon" if trunc[i] else d.reason  # type: ignore[union-attr]
         if s.best_index >= 0:
             chosen[i] = cols[s.best_index]
             best[i] = raw[i, chosen[i]]
     return ReplayResult(used, chosen, best, reasons, trunc)
+
+
+def _in_array(exc: RewardError, row: int, cols: NDArray[np.intp]) -> RewardError:
+    """The Stopper's error for a reward of ``row``, placed at its ``(row, column)`` in the
+    array, as the kernels place theirs: the Stopper counts the row's logged rewards, so its
+    position 3 is the fourth non-NaN cell of the row, not column 3 of row 0."""
+    p = exc.position
+    if is_integer(p) and 0 <= p < cols.size:
+        return RewardError((row, int(cols[int(p)])), exc.value, exc.reason)
+    # a plugin's own position (not the Stopper's count): keep it, with the row it is in
+    return RewardError(f"row {row}, position {p!r} of its logged rewards", exc.value, exc.reason)

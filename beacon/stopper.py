@@ -33,7 +33,7 @@ from beacon._checks import is_integer
 from beacon.config import BeaconConfig
 from beacon.errors import ConfigError, ConfigTypeError, RewardError, StopperStateError
 from beacon.families import get_family
-from beacon.families.base import DecisionTuple, check_state
+from beacon.families.base import DecisionTuple, check_state, check_trace_fields
 
 if TYPE_CHECKING:
     import numpy as np
@@ -207,13 +207,14 @@ class Stopper:
     def __init__(self, cfg: BeaconConfig) -> None:
         if not isinstance(cfg, BeaconConfig):
             raise ConfigTypeError(
-            "cfg", cfg, f"must be a beacon.BeaconConfig, got {type(cfg).__name__}"
-        )
+                "cfg", cfg, f"must be a beacon.BeaconConfig, got {type(cfg).__name__}"
+            )
         self._cfg = cfg
         self._bind(cfg)
         self._state: Any = self._family.initial_state(cfg)  # the working state
         if self._view is None:  # a plugin's state (a built-in's is a plain tuple, trusted)
             check_state(self._family, "initial_state", self._state, 0)
+            check_trace_fields(self._family, "initial_state", self._state)
         self._pending = 0
         self._stop: Stop | None = None
         self._trace: list[TraceRecord] = []  # records built so far

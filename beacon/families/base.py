@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from beacon._checks import is_integer
+from beacon._checks import is_integer, is_real
 from beacon.errors import ConfigError, RewardError
 
 if TYPE_CHECKING:
@@ -16,11 +16,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAMILY_STOP_REASONS",
+    "TRACE_FIELDS",
     "BoundFamily",
     "Decision",
     "DecisionTuple",
     "RewardFamily",
     "check_state",
+    "check_trace_fields",
 ]
 
 _isfinite = math.isfinite
@@ -67,6 +69,25 @@ def check_state(family: RewardFamily, method: str, state: Any, k: int) -> Any:
     sk = getattr(state, "k", None)
     if not (is_integer(sk) and sk == k):
         raise _misbehaved(family, method, state, f"a state whose integer field k is {k}")
+    return state
+
+
+TRACE_FIELDS = ("z", "mu", "sigma")
+"""The state fields besides ``k`` that a trace record reads (real numbers, NaN where undefined)."""
+
+
+def check_trace_fields(family: RewardFamily, method: str, state: Any) -> Any:
+    """``state`` if its :data:`TRACE_FIELDS` are real numbers, else the :func:`_misbehaved`
+    error. Checked when a Stopper starts (and when an update changes the state's type): the
+    trace is read only once the query has stopped, so a state without them would otherwise
+    fail after every sample had been drawn and paid for."""
+    bad = [f for f in TRACE_FIELDS if not is_real(getattr(state, f, None))]
+    if bad:
+        raise _misbehaved(
+            family, method, state,
+            "a state whose fields z, mu and sigma are real numbers (NaN where undefined);"
+            f" missing or not a number: {', '.join(bad)}",
+        )  # fmt: skip
     return state
 
 
@@ -161,14 +182,15 @@ class RewardFamily(ABC):
         # These wrappers serve plugins and built-ins with an overridden step, so they check
         # what the override returns (the built-ins' own kernels are trusted and unchecked).
         def update(state: Any, reward: float) -> Any:
-            return check_state(self, "update", self.update(state, reward, cfg), state.k + 1)
+            new = check_state(self, "update", self.update(state, reward, cfg), state.k + 1)
+            if type(new) is not type(state):  # the fields were checked for the old type only
+                check_trace_fields(self, "update", new)
+            return new
 
         def decide(state: Any) -> DecisionTuple:
             d = self.decide(state, cfg)
             if not (isinstance(d, tuple) and len(d) == 5):
-                raise _misbehaved(
-                    self, "decide", d, "a Decision(cont, reason, zhat, h, threshold)"
-                )
+                raise _misbehaved(self, "decide", d, "a Decision(cont, reason, zhat, h, threshold)")
             if not d[0] and d[1] is not None and d[1] not in FAMILY_STOP_REASONS:
                 raise _misbehaved(
                     self, "decide", d, f"a stop reason among {FAMILY_STOP_REASONS} (or None)"
