@@ -14,6 +14,7 @@ import dataclasses
 import decimal
 import math
 import numbers
+import re
 import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
@@ -96,10 +97,21 @@ def _digits(expr: Any, sympy: Any) -> float | None:
         return None
     size: float
     if expr.is_Pow:
-        base, exp = sizes
-        size = 10.0 ** min(exp, 300.0) * base  # |exponent| < 10**exp digits
+        b, e = expr.args
+        if b.is_Number and e.is_Number:  # literal: its digits, not a bound (2^{4096}: 1,234)
+            bf, ef = abs(float(b)), abs(float(e))
+            size = ef * math.log10(bf) + 1 if bf > 1 else 1.0
+        elif e.is_Number:  # (5000!)^{-1}: as many digits as the base, times |e|
+            size = max(abs(float(e)), 1.0) * sizes[0]
+        else:
+            base, exp = sizes
+            size = 10.0 ** min(exp, 300.0) * base  # |exponent| < 10**exp digits
     elif isinstance(expr, sympy.factorial | sympy.factorial2):
-        size = 10.0 ** min(sizes[0], 300.0) * sizes[0]
+        n = expr.args[0]
+        if n.is_Number and float(n) >= 0:  # literal: log10(n!) from lgamma (5000!: ~16,300)
+            size = math.lgamma(float(n) + 1) / math.log(10) + 1
+        else:
+            size = 10.0 ** min(sizes[0], 300.0) * sizes[0]
     elif expr.is_Mul:
         return sum(sizes)
     elif expr.is_Add:
@@ -143,6 +155,28 @@ def _parse(expr: str) -> list[Any]:
     if all(isinstance(p, str) for p in out):
         out = parse(f"${expr}$", parsing_timeout=t) or out
     return _bounded(list(out))
+
+
+# A word (three letters or more, not a LaTeX command's name) or a unit after a number ("5 m/s"):
+# inside a box math-verify reads them as products of one-letter symbols ("30 dollars" became
+# 30*a*d*l*...), so such a reference is parsed as prose, for the number it states.
+_PROSE = re.compile(r"(?<![\\A-Za-z{])[A-Za-z]{3,}(?![A-Za-z])|\d\s+[A-Za-z]")
+
+
+def _parse_reference(ref: str, boxed: bool) -> list[Any]:
+    """A reference answer parsed: as a boxed answer (:func:`_parse`: all of ``2\\sqrt{3}``,
+    not its first number), unless it reads as prose (a word, a unit after its number: "30
+    dollars", "The answer is 42", "5 m/s"), which is parsed bare, as text for the number it
+    states. A reference that was boxed itself is always a boxed answer."""
+    if boxed or not _PROSE.search(_TEXT_CMD.sub("", ref)):
+        return _parse(ref)
+    parse = import_extra("math_verify", __name__, "verify").parse
+    t: Any = _timeouts()
+    out = parse(ref, parsing_timeout=t) or parse(f"${ref}$", parsing_timeout=t)  # "Monday"
+    return _bounded(list(out))
+
+
+_TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\{[^{}]*\}")
 
 
 def _number_text(ref: numbers.Real | decimal.Decimal) -> str:
@@ -224,7 +258,7 @@ class MathAnswerVerifier:
             return None
         ref = self.reference_for(prompt)
         ref_box = last_boxed(ref)
-        gold = _parse(ref_box if ref_box is not None else ref)
+        gold = _parse_reference(ref_box if ref_box is not None else ref, ref_box is not None)
         pred = _parse(answer)
         if not gold or not pred:
             return False
