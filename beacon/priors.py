@@ -204,6 +204,8 @@ def rewards_before_first_decision(prior: Any) -> int:
     d: Any = getattr(prior, "decision_k0", None)
     if d is None:
         d = getattr(prior, "k0", None)
+    if is_real(d) and not is_integer(d) and float(d).is_integer():
+        d = int(d)  # 2.0, as a prior read back from JSON may hold it
     if not is_integer(d) or d < 0:
         raise ConfigError(
             "prior", prior,

@@ -40,3 +40,18 @@ def test_exact_numbers_of_thousands_of_digits_are_compared_as_numbers(
     reference: str, answer: str
 ) -> None:
     assert MathAnswerVerifier(reference=reference).check({}, _boxed(answer)) is True
+
+
+# -- review finding on the core audit: a whole-number float k0 (a prior read back from JSON) --
+def test_a_plugin_prior_with_a_whole_number_float_k0_is_accepted() -> None:
+    from beacon.priors import rewards_before_first_decision
+
+    class FloatK0:
+        k0 = 2.0
+
+    class HalfK0:
+        k0 = 2.5
+
+    assert rewards_before_first_decision(FloatK0()) == 2  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="k0"):
+        rewards_before_first_decision(HalfK0())  # type: ignore[arg-type]
