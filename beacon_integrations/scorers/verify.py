@@ -161,6 +161,8 @@ def _parse(expr: str) -> list[Any]:
 # inside a box math-verify reads them as products of one-letter symbols ("30 dollars" became
 # 30*a*d*l*...), so such a reference is parsed as prose, for the number it states.
 _PROSE = re.compile(r"(?<![\\A-Za-z{])[A-Za-z]{3,}(?![A-Za-z])|\d\s+[A-Za-z]")
+# \text{...} and the like: words there are the reference's own text, not prose around it
+_TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\{[^{}]*\}")
 
 
 def _parse_reference(ref: str, boxed: bool) -> list[Any]:
@@ -174,9 +176,6 @@ def _parse_reference(ref: str, boxed: bool) -> list[Any]:
     t: Any = _timeouts()
     out = parse(ref, parsing_timeout=t) or parse(f"${ref}$", parsing_timeout=t)  # "Monday"
     return _bounded(list(out))
-
-
-_TEXT_CMD = re.compile(r"\\(?:text|mathrm|textbf|mbox)\{[^{}]*\}")
 
 
 def _number_text(ref: numbers.Real | decimal.Decimal) -> str:
