@@ -9,12 +9,23 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from beacon import BeaconConfig, ConfigError, RewardError, Stopper, replay
+from beacon import BeaconConfig, ConfigError, RewardError, Stopper, families, replay
 from beacon.families import Decision, RewardFamily, register_family
 from beacon.families.bernoulli import BernoulliFamily
 from beacon.families.normal import NormalFamily
 from beacon.priors import BetaPrior
 from beacon.stopper import Draw
+
+# The plugin families below are registered for each test only (into a copy of the registry): a
+# family registered when this module is imported would show in every later test's listing.
+_PLUGINS: dict[str, type[RewardFamily]] = {}
+
+
+@pytest.fixture(autouse=True)
+def _audit7_families(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
+    for name, cls in _PLUGINS.items():
+        register_family(name)(cls)
 
 
 class _BestOnly(NamedTuple):
@@ -50,7 +61,6 @@ class _TwoDraws(RewardFamily):
         return Decision(state.k < 2, None, math.nan, math.nan, math.nan)
 
 
-@register_family("audit7-best-only")
 class _BestOnlyFamily(_TwoDraws):
     def initial_state(self, cfg: BeaconConfig) -> Any:
         return _BestOnly(0, -math.inf)
@@ -59,7 +69,6 @@ class _BestOnlyFamily(_TwoDraws):
         return _BestOnly(state.k + 1, max(state.best, reward))
 
 
-@register_family("audit7-changes-state")
 class _ChangesStateFamily(_TwoDraws):
     """Starts with a full state, then updates to one without z, mu, sigma."""
 
@@ -67,7 +76,6 @@ class _ChangesStateFamily(_TwoDraws):
         return _BestOnly(state.k + 1, reward)
 
 
-@register_family("audit7-full")
 class _FullFamily(_TwoDraws):
     pass
 
@@ -103,13 +111,11 @@ class _NoK0:
     """A plugin prior without k0."""
 
 
-@register_family("audit7-no-k0")
 class _NoK0Family(_TwoDraws):
     def default_prior(self) -> Any:
         return _NoK0()
 
 
-@register_family("audit7-none-prior")
 class _NonePriorFamily(_TwoDraws):
     def default_prior(self) -> Any:
         return None
@@ -145,7 +151,6 @@ def test_builtin_priors_keep_their_k0() -> None:
     assert BernoulliFamily().default_prior().k0 == 0
 
 
-@register_family("audit7-ten-point")
 class _TenPoint(NormalFamily):
     """The docs' example plugin: normal learning, rewards 1..10 (replayed through the Stopper)."""
 
@@ -156,7 +161,6 @@ class _TenPoint(NormalFamily):
         return reward
 
 
-@register_family("audit7-own-position")
 class _OwnPosition(_TenPoint):
     def validate_reward(self, reward: float, position: int) -> float:
         if reward > 10:
@@ -202,3 +206,14 @@ def test_plugin_replay_still_agrees_with_the_stopper() -> None:
             j += d.count
         assert got.n_samples[i] == s.k
         assert got.truncated[i] == (s.stopped is None)
+
+
+_PLUGINS.update({
+    "audit7-best-only": _BestOnlyFamily,
+    "audit7-changes-state": _ChangesStateFamily,
+    "audit7-full": _FullFamily,
+    "audit7-no-k0": _NoK0Family,
+    "audit7-none-prior": _NonePriorFamily,
+    "audit7-ten-point": _TenPoint,
+    "audit7-own-position": _OwnPosition,
+})

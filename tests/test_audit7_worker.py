@@ -116,7 +116,9 @@ def test_collect_refuses_a_wait_timeout_it_cannot_keep(
     import beacon.cli.jobs as jobs
     from beacon.cli import app
 
-    job_id, _, _ = _registered_job(tier, tmp_path, "wait", 2)  # pending: nothing runs them
+    # a job of its own per case: a resubmission of one job id would find its prompts queued
+    tag = f"wait-{len(argv)}-{argv[-1].replace('.', '')}"
+    job_id, _, _ = _registered_job(tier, tmp_path, tag, 2)  # pending: nothing runs them
     reads: list[str] = []
     original = jobs._status_or_exit
 

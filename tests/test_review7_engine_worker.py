@@ -13,7 +13,6 @@ from beacon import BeaconConfig
 from beacon.jobs import FactorySpec, JobSpec
 from beacon.jobs.spec import JobInputError
 from beacon.result import BeaconResult, Usage
-from worker.tasks import _check_submit_args
 
 
 def _result(prompt: object) -> BeaconResult:
@@ -52,6 +51,8 @@ def test_a_prompt_made_json_ready_keeps_its_parts(prompt: object, want: object) 
     "night\xadrun",  # a soft hyphen
 ])
 def test_job_ids_with_format_characters_are_accepted(job_id: str) -> None:
+    from worker.tasks import _check_submit_args  # not at collection: it reads BEACON_* once
+
     spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
                    BeaconConfig(cost=0.1, horizon=4))
     _check_submit_args([], spec, job_id, None, "", False, 500, None, None)  # raises if refused
@@ -59,6 +60,8 @@ def test_job_ids_with_format_characters_are_accepted(job_id: str) -> None:
 
 @pytest.mark.parametrize("job_id", ["a b", "a\tb", "a\nb", "a\x07b"])
 def test_job_ids_with_spaces_or_control_characters_are_still_refused(job_id: str) -> None:
+    from worker.tasks import _check_submit_args
+
     spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
                    BeaconConfig(cost=0.1, horizon=4))
     with pytest.raises(JobInputError, match="job_id"):
