@@ -15,6 +15,7 @@ import test_worker
 
 import beacon
 from beacon.jobs import FactorySpec, JobSpec, iter_prompt_file
+from beacon.jobs.spec import JobInputError
 
 PREFIX = test_worker.PREFIX
 REDIS_URL = test_worker.REDIS_URL
@@ -184,3 +185,27 @@ def test_submit_refuses_a_job_id_with_spaces_or_control_characters(
         assert r.llen(queue) == 0 and r.llen(default_queue) == before
     finally:
         r.delete(queue)
+
+
+# -- review: format characters are no control characters (tests/test_review7_engine_worker.py)
+@pytest.mark.parametrize("job_id", [
+    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, with a ZWNJ
+    "run-\U0001f468\u200d\U0001f469\u200d\U0001f467",  # an emoji family (ZWJ)
+    "night\xadrun",  # a soft hyphen
+])
+def test_job_ids_with_format_characters_are_accepted(job_id: str) -> None:
+    from worker.tasks import _check_submit_args  # not at collection: it reads BEACON_* once
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    _check_submit_args([], spec, job_id, None, "", False, 500, None, None)  # raises if refused
+
+
+@pytest.mark.parametrize("job_id", ["a b", "a\tb", "a\nb", "a\x07b"])
+def test_job_ids_with_spaces_or_control_characters_are_still_refused(job_id: str) -> None:
+    from worker.tasks import _check_submit_args
+
+    spec = JobSpec(FactorySpec("beacon.demo:generator"), FactorySpec("beacon.demo:scorer"),
+                   beacon.BeaconConfig(cost=0.1, horizon=4))
+    with pytest.raises(JobInputError, match="job_id"):
+        _check_submit_args([], spec, job_id, None, "", False, 500, None, None)
