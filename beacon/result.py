@@ -99,25 +99,15 @@ def _json_prompt(prompt: Any) -> Any:
     another prompt, and ``None`` has always meant "not serialisable"."""
     if _is_jsonable(prompt):
         return prompt
-    out = _json_part(prompt)
-    return out if _no_part_dropped(prompt, out) else None
+    dropped: list[Any] = []
+    out = _json_part(prompt, dropped=dropped)
+    return None if dropped else out
 
 
-def _no_part_dropped(obj: Any, out: Any) -> bool:
-    """Whether :func:`_json_part` turned no non-``None`` value of ``obj`` into ``None``
-    (non-finite floats excepted: JSON writes them ``null`` everywhere in a result)."""
-    if out is None:
-        return obj is None or (is_real(obj) and not is_integer(obj))
-    if isinstance(obj, Mapping):
-        return all(_no_part_dropped(v, out[_json_key(k)]) for k, v in obj.items())
-    if isinstance(obj, list | tuple):
-        return all(_no_part_dropped(v, o) for v, o in zip(obj, out, strict=True))
-    return True
-
-
-def _json_part(obj: Any, within: tuple[int, ...] = ()) -> Any:
+def _json_part(obj: Any, within: tuple[int, ...] = (), dropped: list[Any] | None = None) -> Any:
     """One part of :func:`_json_ready`; ``within``: the ids of the containers holding it (a
-    container that holds itself is ``None`` there, not endless recursion)."""
+    container that holds itself is ``None`` there, not endless recursion); ``dropped``, when
+    given, collects the parts made ``None`` that were not ``None`` or a non-finite float."""
     if obj is None or isinstance(obj, str | bool):
         return obj
     if isinstance(obj, np.bool_):
@@ -127,13 +117,13 @@ def _json_part(obj: Any, within: tuple[int, ...] = ()) -> Any:
     if is_real(obj):
         f = real_as_float(obj)
         return f if math.isfinite(f) else None
-    if isinstance(obj, Mapping | list | tuple):
-        if id(obj) in within:
-            return None
+    if isinstance(obj, Mapping | list | tuple) and id(obj) not in within:
         inner = (*within, id(obj))
         if isinstance(obj, Mapping):
-            return {_json_key(k): _json_part(v, inner) for k, v in obj.items()}
-        return [_json_part(v, inner) for v in obj]
+            return {_json_key(k): _json_part(v, inner, dropped) for k, v in obj.items()}
+        return [_json_part(v, inner, dropped) for v in obj]
+    if dropped is not None:
+        dropped.append(obj)
     return None
 
 

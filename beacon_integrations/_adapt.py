@@ -17,7 +17,6 @@ called with, and the framework context of this one query. ``BeaconResult.prompt`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import inspect
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from beacon._sync import call_in_thread
-from beacon.engine.calls import SPEND_ATTR
+from beacon.engine.calls import attach_spend
 from beacon.engine.protocol import (
     Generation,
     Score,
@@ -395,17 +394,16 @@ def _attach_spend(exc: BaseException, counts: _Counts | None) -> None:
     still retries it (a judge chain whose parser failed after its LLM answered was paid). Also
     on the ``CancelledError`` of a call cut by its timeout: the engine carries it over to the
     ``TimeoutError`` it raises (:func:`beacon.engine.calls.within`)."""
+    if counts is None:
+        return
+    it, ot, read, write, h1 = counts
     # First wins for an error (a scorer's own spend on it must survive), but a cancellation
     # travels up through every nested BEACON adapter (a BeaconRunnable as another's model,
     # its sample run inline), and each outer tap has seen all that an inner one saw and more
-    if counts is None or (
-        getattr(exc, SPEND_ATTR, None) is not None
-        and not isinstance(exc, asyncio.CancelledError)
-    ):
-        return
-    it, ot, read, write, h1 = counts
-    with contextlib.suppress(AttributeError, TypeError):  # an exception without a __dict__
-        setattr(exc, SPEND_ATTR, Score(None, it, ot, None, read, write, h1))
+    attach_spend(
+        exc, Score(None, it, ot, None, read, write, h1),
+        replace=isinstance(exc, asyncio.CancelledError),
+    )
 
 
 def _counted(gen: Generation, counts: _Counts) -> Generation:

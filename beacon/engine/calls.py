@@ -29,6 +29,7 @@ __all__ = [
     "CallCancelledError",
     "CallGuard",
     "adopt_running_loop",
+    "attach_spend",
     "cancel_and_wait",
     "guarded_call",
     "within",
@@ -75,6 +76,24 @@ class CallCancelledError(RuntimeError):
 SPEND_ATTR = "beacon_spend"
 
 
+def attach_spend(exc: BaseException, spend: Any, *, replace: bool = False) -> None:
+    """Put ``spend`` (an object with :class:`beacon.Generation`'s token counts and cost) on
+    ``exc`` under :data:`SPEND_ATTR`, for :func:`guarded_call` to count. A spend already there
+    is kept unless ``replace`` (it may be the caller's own, more precise figure)."""
+    if not replace and getattr(exc, SPEND_ATTR, None) is not None:
+        return
+    with contextlib.suppress(AttributeError, TypeError):  # an exception without a __dict__
+        setattr(exc, SPEND_ATTR, spend)
+
+
+def _count_spend(exc: BaseException, on_spend: Callable[[Any], None] | None) -> None:
+    """``on_spend`` of the spend a failed attempt's exception carries, if any."""
+    if on_spend is not None:
+        spent = getattr(exc, SPEND_ATTR, None)
+        if spent is not None:
+            on_spend(spent)
+
+
 async def guarded_call(
     guard: CallGuard,
     fn: Callable[..., Awaitable[T]],
@@ -112,10 +131,8 @@ async def guarded_call(
             # cut by the query (its deadline, a stop, the caller): what the call's LLM calls
             # had reported was spent (the adapters put it on the cancellation); the sample's
             # usage, where it goes, is merged into the query's by whoever cancelled it
-            if started[0] and on_spend is not None:
-                spent = getattr(exc, SPEND_ATTR, None)
-                if spent is not None:
-                    on_spend(spent)
+            if started[0]:
+                _count_spend(exc, on_spend)
             raise
         except Exception as exc:
             # Only a call that started is a failed call (and makes the next one a retry): an
@@ -124,10 +141,7 @@ async def guarded_call(
             if started[0]:
                 usage.failed_calls += 1
                 failed_before = True
-                if on_spend is not None:
-                    spent = getattr(exc, SPEND_ATTR, None)
-                    if spent is not None:
-                        on_spend(spent)
+                _count_spend(exc, on_spend)
             if not guard.retry.should_retry(exc, attempt):
                 raise
             delay = guard.retry.delay(attempt, guard.rng)
@@ -324,8 +338,7 @@ def _with_spend_of(exc: E, out: Any, model: bool) -> E:
         getattr(spent, name, None) is not None
         for name in ("input_tokens", "output_tokens", "cost")
     ):
-        with contextlib.suppress(AttributeError, TypeError):
-            setattr(exc, SPEND_ATTR, spent)
+        attach_spend(exc, spent)
     return exc
 
 
@@ -340,8 +353,7 @@ def _carry_spend(new: E, old: BaseException) -> E:
         seen.add(id(cur))
         spent = getattr(cur, SPEND_ATTR, None)
         if spent is not None:
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(new, SPEND_ATTR, spent)
+            attach_spend(new, spent)
             break
         cur = cur.__cause__ or cur.__context__
     return new

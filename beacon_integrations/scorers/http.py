@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import json
 import math
@@ -55,7 +54,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from beacon._checks import is_real
-from beacon.engine.calls import SPEND_ATTR
+from beacon.engine.calls import attach_spend
 from beacon.engine.protocol import Score, as_reward
 from beacon.errors import ConfigError, RewardError
 from beacon.retry import parse_retry_after
@@ -204,11 +203,18 @@ def _check_placeholders(template: Any, batched: bool) -> None:
         raise ConfigError("request_template", template, f"must contain {{{need}}}")
 
 
-def extract_path(doc: Any, path: str) -> Any:
+_REQUIRED: Any = object()  # extract_path's default: every step of the path must be there
+
+
+def extract_path(doc: Any, path: str, *, absent: Any = _REQUIRED) -> Any:
     """Follow a dotted ``path`` (integers index lists, one ``*`` maps over a list) in ``doc``.
 
     Raises :class:`RewardResponseError` naming the path prefix that could not be followed.
+    With ``absent`` given, a field that is missing or ``null`` and a list index out of range
+    give ``absent`` instead (a server may leave its usage out, or send ``"usage": null``); a
+    path running into a value of the wrong kind (a scalar) is still the error.
     """
+    optional = absent is not _REQUIRED
     parts = path.split(".") if path else []
     cur: Any = doc
     for i, part in enumerate(parts):
@@ -217,17 +223,24 @@ def extract_path(doc: Any, path: str) -> Any:
             if not isinstance(cur, list):
                 raise RewardResponseError(here, cur, "expected a list to map over")
             rest = ".".join(parts[i + 1 :])
-            return [extract_path(el, rest) if rest else el for el in cur]
+            return [extract_path(el, rest, absent=absent) if rest else el for el in cur]
         if isinstance(cur, Mapping):
             if part not in cur:
+                if optional:
+                    return absent
                 raise RewardResponseError(here, _keys(cur), "field missing; found these keys")
             cur = cur[part]
         elif isinstance(cur, list):
-            if not re.fullmatch(r"-?\d+", part) or not -len(cur) <= int(part) < len(cur):
+            index = re.fullmatch(r"-?\d+", part) is not None
+            if not index or not -len(cur) <= int(part) < len(cur):
+                if optional and index:
+                    return absent
                 raise RewardResponseError(here, len(cur), "list index missing or out of range")
             cur = cur[int(part)]
         else:
             raise RewardResponseError(here, cur, "cannot index into a scalar")
+        if optional and cur is None:
+            return absent
     return cur
 
 
@@ -328,27 +341,6 @@ _ABSENT = object()  # a usage path that the response does not hold: no spend rep
 _USAGE_KEYS = (
     "prompt_tokens and completion_tokens (OpenAI) or input_tokens and output_tokens (Anthropic)"
 )
-
-
-def _find_usage(doc: Any, path: str) -> Any:
-    """The value at the dotted ``path`` of ``doc``, or ``_ABSENT`` where a field on the way is
-    missing or ``null``, or a list index is out of range: a server may leave its usage out (or
-    send ``"usage": null``), which reports no spend. A path that runs into a value of the wrong
-    kind (a scalar, a list indexed by a name) is a :class:`RewardResponseError` naming it: the
-    ``usage`` setting does not fit this server's answers."""
-    cur: Any = doc
-    parts = path.split(".") if path else []
-    for i, part in enumerate(parts):
-        if isinstance(cur, Mapping):
-            cur = cur.get(part)
-        elif isinstance(cur, list) and re.fullmatch(r"-?\d+", part):
-            cur = cur[int(part)] if -len(cur) <= int(part) < len(cur) else None
-        else:
-            here = ".".join(parts[: i + 1])
-            raise RewardResponseError(here, cur, "cannot follow the usage path into this value")
-        if cur is None:
-            return _ABSENT
-    return _ABSENT if cur is None else cur
 
 
 def _field_name(where: str, key: str) -> str:
@@ -454,15 +446,6 @@ def _check_usage(usage: Any) -> None:
         raise ConfigError("usage", usage, "cannot map over a list ('*'): a call bills once")
 
 
-def _charge(exc: BaseException, spend: Score) -> None:
-    """Put a call's ``spend`` on the exception that fails it (the engine's ``SPEND_ATTR``):
-    the endpoint answered and billed, so the engine counts it even though no reward came of
-    it. An exception already carrying a spend (a ``score_path`` callable's own) keeps it."""
-    if getattr(exc, SPEND_ATTR, None) is None:
-        with contextlib.suppress(AttributeError, TypeError):  # an exception without __dict__
-            setattr(exc, SPEND_ATTR, spend)
-
-
 class UsageWarning(UserWarning):
     """An endpoint's ``usage`` object could not be read, so its spend is not counted."""
 
@@ -480,7 +463,7 @@ class _LenientUsage:
 
     def __call__(self, doc: Any) -> Score | None:
         try:
-            found = _find_usage(doc, self.path)
+            found = extract_path(doc, self.path, absent=_ABSENT)
             return None if found is _ABSENT else _usage_spend(found, self.path)
         except RewardResponseError as exc:
             if not self.warned:
@@ -824,8 +807,9 @@ class HttpRewardScorer:
         """``read(doc)`` (the reward or rewards) and the spend ``doc`` reports.
 
         The spend is read first, so that a reward that cannot be read still has it: it goes on
-        that error (:func:`_charge`). With no ``usage`` set, or ``spend`` False (:meth:`score`
-        and :meth:`score_batch` return the rewards alone), this is ``read(doc)`` alone."""
+        that error (:func:`beacon.engine.calls.attach_spend`). With no ``usage`` set, or
+        ``spend`` False (:meth:`score` and :meth:`score_batch` return the rewards alone), this
+        is ``read(doc)`` alone."""
         if self.usage is None or not spend:
             return read(doc), None
         found = self._spend(doc)
@@ -834,7 +818,7 @@ class HttpRewardScorer:
         try:
             return read(doc), found
         except Exception as exc:
-            _charge(exc, found)
+            attach_spend(exc, found)  # a score_path callable's own spend on it is kept
             raise
 
     def _spend(self, doc: Any) -> Score | None:
@@ -842,7 +826,7 @@ class HttpRewardScorer:
         (no usage object, or one reporting neither tokens nor cost)."""
         usage = self.usage
         if isinstance(usage, str):
-            found = _find_usage(doc, usage)
+            found = extract_path(doc, usage, absent=_ABSENT)
             return None if found is _ABSENT else _usage_spend(found, usage)
         assert usage is not None
         got = usage(doc)

@@ -142,17 +142,19 @@ def _bounded(parsed: list[Any]) -> list[Any]:
 
 
 @lru_cache(maxsize=4096)
-def _parse(expr: str) -> list[Any]:
-    """An answer parsed by math-verify: boxed as a model's final answer is, and bounded.
+def _parse(expr: str, boxed: bool = True) -> list[Any]:
+    """An answer parsed by math-verify: boxed as a model's final answer is (or, ``boxed``
+    False, bare, as prose), and bounded.
 
     A reference and a response are parsed alike. Parsed bare, LaTeX kept only its first number
-    ("2\\sqrt{3}" was 2); ``$...$`` is tried when the box yields no expression ("3." is one).
+    ("2\\sqrt{3}" was 2); ``$...$`` is tried when the parse yields no expression ("3." boxed,
+    "Monday" bare).
     """
     parse = import_extra("math_verify", __name__, "verify").parse
 
     t: Any = _timeouts()
-    out = parse(f"\\boxed{{{expr}}}", parsing_timeout=t)
-    if all(isinstance(p, str) for p in out):
+    out = parse(f"\\boxed{{{expr}}}" if boxed else expr, parsing_timeout=t)
+    if not out or (boxed and all(isinstance(p, str) for p in out)):
         out = parse(f"${expr}$", parsing_timeout=t) or out
     return _bounded(list(out))
 
@@ -170,12 +172,7 @@ def _parse_reference(ref: str, boxed: bool) -> list[Any]:
     not its first number), unless it reads as prose (a word, a unit after its number: "30
     dollars", "The answer is 42", "5 m/s"), which is parsed bare, as text for the number it
     states. A reference that was boxed itself is always a boxed answer."""
-    if boxed or not _PROSE.search(_TEXT_CMD.sub("", ref)):
-        return _parse(ref)
-    parse = import_extra("math_verify", __name__, "verify").parse
-    t: Any = _timeouts()
-    out = parse(ref, parsing_timeout=t) or parse(f"${ref}$", parsing_timeout=t)  # "Monday"
-    return _bounded(list(out))
+    return _parse(ref, boxed=boxed or not _PROSE.search(_TEXT_CMD.sub("", ref)))
 
 
 def _number_text(ref: numbers.Real | decimal.Decimal) -> str:
